@@ -1,0 +1,62 @@
+"""spectune: lossless speculative decoding with live tuning.
+
+Importing spectune before torch sets ``MKL_CBWR=AVX2`` (unless already set): on AMD CPUs
+MKL otherwise takes a slow path for the 2-8 row fp32 matmuls that verification runs.
+"""
+
+import os
+
+os.environ.setdefault("MKL_CBWR", "AVX2")
+
+from spectune.control import FixedK, KPolicy  # noqa: E402
+from spectune.drafters import (  # noqa: E402
+    Draft,
+    Drafter,
+    FailingDrafter,
+    ModelDrafter,
+    NgramDrafter,
+    ScriptedDrafter,
+    TargetFeatures,
+)
+from spectune.engine import Generation, SpeculativeEngine, StepRecord  # noqa: E402
+from spectune.errors import (  # noqa: E402
+    DrafterError,
+    IncompatibleModelsError,
+    InvalidParameterError,
+    ModelLoadError,
+    PromptError,
+    SpectuneError,
+)
+from spectune.models import LanguageModel, ModelInfo, load_model  # noqa: E402
+from spectune.sampling import SamplingParams  # noqa: E402
+from spectune.verify import VerifyResult, verify_greedy, verify_sampled  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Draft",
+    "Drafter",
+    "DrafterError",
+    "FailingDrafter",
+    "FixedK",
+    "Generation",
+    "IncompatibleModelsError",
+    "InvalidParameterError",
+    "KPolicy",
+    "LanguageModel",
+    "ModelDrafter",
+    "ModelInfo",
+    "ModelLoadError",
+    "NgramDrafter",
+    "PromptError",
+    "SamplingParams",
+    "ScriptedDrafter",
+    "SpectuneError",
+    "SpeculativeEngine",
+    "StepRecord",
+    "TargetFeatures",
+    "VerifyResult",
+    "load_model",
+    "verify_greedy",
+    "verify_sampled",
+]

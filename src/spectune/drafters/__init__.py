@@ -1,0 +1,16 @@
+"""Drafters: sources of guesses the target verifies."""
+
+from spectune.drafters.base import Draft, Drafter, TargetFeatures
+from spectune.drafters.model import ModelDrafter
+from spectune.drafters.ngram import NgramDrafter
+from spectune.drafters.scripted import FailingDrafter, ScriptedDrafter
+
+__all__ = [
+    "Draft",
+    "Drafter",
+    "FailingDrafter",
+    "ModelDrafter",
+    "NgramDrafter",
+    "ScriptedDrafter",
+    "TargetFeatures",
+]

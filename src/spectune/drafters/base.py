@@ -1,0 +1,73 @@
+"""The drafter contract: propose tokens, then hear what the target committed.
+
+A drafter is any source of guesses. It receives the committed context (prompt and
+output so far) on every call and keeps whatever private state it likes in sync with it;
+the engine never reaches into a drafter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from spectune.sampling import SamplingParams
+
+__all__ = ["Draft", "Drafter", "TargetFeatures"]
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: Tensor  # [k] int64, 0 <= k <= requested
+    # [k, vocab] fp32: the processed distribution each token was sampled from, or None for a
+    # drafter without probabilities (the verifier then treats each token as one-hot).
+    probs: Tensor | None
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True)
+class TargetFeatures:
+    """Target hidden states the engine already computed, handed to drafters that read them.
+
+    ``hidden[i]`` is the target's last hidden state at context position ``start + i``
+    (the state that predicted the token at ``start + i + 1``).
+    """
+
+    start: int
+    hidden: Tensor  # [n, hidden_size]
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    def reset(self) -> None:
+        """Forget all per-request state (a new request begins)."""
+        ...
+
+    def propose(
+        self,
+        context: Sequence[int],
+        num_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        """Propose up to ``num_tokens`` tokens to follow ``context`` (prompt + output so far).
+
+        Sampling drafters draw from the processed distribution (``params``), using
+        ``generator``, and return those exact probabilities.
+        """
+        ...
+
+    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
+        """Hear the committed context after a step (accepted tokens plus the target's token).
+
+        ``features`` carries the target hidden states computed by that step, for drafters
+        that read them; others ignore it.
+        """
+        ...

@@ -1,0 +1,98 @@
+"""Test doubles shipped with the package: drafters whose behaviour is written down.
+
+Like httpx's ``MockTransport``: users test their own controllers and servers with them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from spectune.drafters.base import Draft, TargetFeatures
+from spectune.sampling import SamplingParams
+
+__all__ = ["FailingDrafter", "ScriptedDrafter"]
+
+
+class ScriptedDrafter:
+    """Proposes ``script(context, k)``; probabilities are one-hot unless ``probs`` is given.
+
+    ``delay`` seconds are slept per proposal, to script a slow drafter.
+    """
+
+    def __init__(
+        self,
+        script: Callable[[Sequence[int], int], list[int]],
+        *,
+        vocab_size: int,
+        with_probs: bool = True,
+        delay: float = 0.0,
+        name: str = "scripted",
+    ) -> None:
+        self.script = script
+        self.vocab_size = vocab_size
+        self.with_probs = with_probs
+        self.delay = delay
+        self.name = name
+        self.commits = 0
+
+    def reset(self) -> None:
+        self.commits = 0
+
+    def propose(
+        self,
+        context: Sequence[int],
+        num_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        if self.delay:
+            time.sleep(self.delay)
+        tokens = torch.tensor(self.script(context, num_tokens)[:num_tokens], dtype=torch.long)
+        if not self.with_probs:
+            return Draft(tokens, None)
+        probs = torch.nn.functional.one_hot(tokens, self.vocab_size).float()
+        return Draft(tokens, probs)
+
+    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
+        self.commits += 1
+
+
+class FailingDrafter:
+    """Misbehaves on purpose: ``mode`` is ``raise``, ``nan`` (NaN probabilities) or ``oov``
+    (token ids outside the vocabulary), starting at proposal number ``after``."""
+
+    def __init__(self, mode: str, *, vocab_size: int, after: int = 0) -> None:
+        if mode not in ("raise", "nan", "oov"):
+            raise ValueError(f"unknown failure mode {mode!r}")
+        self.mode = mode
+        self.vocab_size = vocab_size
+        self.after = after
+        self.calls = 0
+        self.name = f"failing:{mode}"
+
+    def reset(self) -> None:
+        self.calls = 0
+
+    def propose(
+        self,
+        context: Sequence[int],
+        num_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        self.calls += 1
+        tokens = torch.zeros(num_tokens, dtype=torch.long)
+        probs = torch.full((num_tokens, self.vocab_size), 1.0 / self.vocab_size)
+        if self.calls <= self.after:
+            return Draft(tokens, probs)
+        if self.mode == "raise":
+            raise RuntimeError("scripted drafter failure")
+        if self.mode == "nan":
+            return Draft(tokens, torch.full_like(probs, float("nan")))
+        return Draft(tokens + self.vocab_size + 7, probs)
+
+    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
+        """Stateless."""

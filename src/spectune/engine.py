@@ -1,0 +1,288 @@
+"""The speculative decoding loop, shared by the CLI, the server and the benchmark.
+
+The engine knows nothing about text: it turns prompt token ids into output token ids
+and yields one typed ``StepRecord`` per step. Text, chat templates and stop strings are
+handled by the caller through ``StopCondition``.
+
+Cache invariant: between steps the target cache holds every committed token except the
+last one (the *pending* token). A step forwards ``[pending, draft_1..draft_k]`` in one
+pass, so the logits at row i score draft token i + 1 and row k gives the bonus token.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from spectune.control.base import FixedK, KPolicy
+from spectune.drafters.base import Draft, Drafter, TargetFeatures
+from spectune.errors import DrafterError, InvalidParameterError, PromptError
+from spectune.models.base import LanguageModel
+from spectune.sampling import SamplingParams, process_logits
+from spectune.verify import VerifyResult, verify_greedy, verify_sampled
+
+__all__ = [
+    "MAX_K",
+    "Generation",
+    "SpeculativeEngine",
+    "StepRecord",
+    "StopCondition",
+    "validate_k",
+]
+
+MAX_K = 32  # beyond this a chain draft is never accepted in full; larger K is a mistake
+
+
+def validate_k(k: int, *, allow_zero: bool = False) -> int:
+    low = 0 if allow_zero else 1
+    if not isinstance(k, int) or isinstance(k, bool) or not low <= k <= MAX_K:
+        raise InvalidParameterError(f"K (draft tokens per step) must be in [{low}, {MAX_K}], got {k}")
+    return k
+
+
+class StopCondition(Protocol):
+    def check(self, output: Sequence[int]) -> int | None:
+        """If the output now contains a stop, the number of tokens to keep; else None."""
+        ...
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step did. Rates are derived from these counts when reported."""
+
+    index: int
+    k: int  # draft tokens asked of the drafter (0: a plain decoding step)
+    drafted: int  # draft tokens the drafter returned (<= k)
+    accepted: int  # draft tokens the target kept
+    emitted: tuple[int, ...]  # tokens appended to the output, after stop truncation
+    draft_time: float  # seconds spent drafting
+    target_time: float  # seconds in the target's forward pass
+    step_time: float  # wall seconds for the whole step (draft + target + verify + bookkeeping)
+    fallback: str | None = None  # why speculation was off or cut short this step, if it was
+    finish_reason: str | None = None  # "eos" | "length" | "stop" once the request is done
+
+
+@dataclass
+class Generation:
+    """A finished request: the output tokens and every step's record."""
+
+    prompt_tokens: list[int]
+    tokens: list[int] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    prefill_time: float = 0.0
+    finish_reason: str | None = None
+
+    @property
+    def drafted(self) -> int:
+        return sum(s.drafted for s in self.steps)
+
+    @property
+    def accepted(self) -> int:
+        return sum(s.accepted for s in self.steps)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per step, the bonus or recovered token included."""
+        return len(self.tokens) / len(self.steps) if self.steps else 0.0
+
+    @property
+    def decode_time(self) -> float:
+        return sum(s.step_time for s in self.steps)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.decode_time if self.decode_time > 0 else 0.0
+
+
+class SpeculativeEngine:
+    """Decodes one request at a time with a target model and an optional drafter."""
+
+    def __init__(self, target: LanguageModel, drafter: Drafter | None = None) -> None:
+        self.target = target
+        self.drafter = drafter
+
+    def run(self, prompt: Sequence[int], params: SamplingParams, **kwargs: object) -> Generation:
+        """Decode to completion and collect the result (see ``generate`` for arguments)."""
+        result = Generation(prompt_tokens=list(prompt))
+        start = time.perf_counter()
+        for record in self.generate(prompt, params, **kwargs):  # type: ignore[arg-type]
+            result.tokens.extend(record.emitted)
+            result.steps.append(record)
+            result.finish_reason = record.finish_reason
+        # Whatever the steps did not account for is the prefill (and the first setup).
+        result.prefill_time = time.perf_counter() - start - result.decode_time
+        return result
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        policy: KPolicy | None = None,
+        generator: torch.Generator | None = None,
+        stop: StopCondition | None = None,
+    ) -> Iterator[StepRecord]:
+        """Yield one ``StepRecord`` per step until EOS, ``max_tokens``, a stop or the context end.
+
+        Random numbers come only from ``generator`` (or a new one seeded with
+        ``params.seed``), in this order per step: the drafter's draws, then the verifier's.
+        """
+        target = self.target
+        info = target.info
+        prompt = list(prompt)
+        if not prompt:
+            raise PromptError("the prompt is empty")
+        if any(not 0 <= t < info.vocab_size for t in prompt):
+            raise PromptError(f"the prompt holds token ids outside the vocabulary of {info.vocab_size}")
+        if len(prompt) >= info.max_context:
+            raise PromptError(
+                f"the prompt has {len(prompt)} tokens; the context holds {info.max_context}"
+            )
+        if generator is None:
+            generator = torch.Generator()
+            if params.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(params.seed)
+        policy = policy or FixedK(4 if self.drafter is not None else 0)
+        drafter = self.drafter
+        eos = set(info.eos_token_ids)
+        capacity = min(info.max_context, len(prompt) + params.max_tokens + MAX_K + 1)
+
+        # 1. Prefill: the target ingests all but the last prompt token (the pending token).
+        cache = target.new_cache(capacity=capacity)
+        context = list(prompt)
+        features: TargetFeatures | None = None
+        if len(prompt) > 1:
+            out = target.forward(torch.tensor([prompt[:-1]]), cache)
+            if out.hidden is not None:
+                features = TargetFeatures(0, out.hidden[0])
+        if drafter is not None:
+            drafter.reset()
+            drafter.commit(context, features)
+
+        output: list[int] = []
+        drafter_failure: str | None = None
+        index = 0
+        while True:
+            step_start = time.perf_counter()
+            remaining = params.max_tokens - len(output)
+            room = capacity - len(context)  # slots left, the pending token's included
+            # 2. How many tokens to draft: the policy's K, never past max_tokens or the
+            #    context (a step emits at most k + 1 tokens).
+            k = 0 if drafter is None or drafter_failure else policy.next_k()
+            k = max(0, min(k, remaining - 1, room - 1))
+            fallback = drafter_failure or (policy.reason if k == 0 else None)
+
+            # 3. Draft.
+            draft_time = 0.0
+            draft = Draft(torch.zeros(0, dtype=torch.long), None)
+            if k > 0 and drafter is not None:
+                draft_start = time.perf_counter()
+                try:
+                    draft = self._checked(drafter.propose(context, k, params, generator), k)
+                except Exception as exc:  # any drafter failure falls back to plain decoding
+                    drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
+                    fallback = drafter_failure
+                    draft = Draft(torch.zeros(0, dtype=torch.long), None)
+                draft_time = time.perf_counter() - draft_start
+
+            # 4. One target pass over the pending token and the draft.
+            target_start = time.perf_counter()
+            length_before = cache.length()
+            chunk = torch.cat((torch.tensor([context[-1]]), draft.tokens)).view(1, -1)
+            out = target.forward(chunk, cache)
+            target_time = time.perf_counter() - target_start
+
+            # 5. Verify.
+            result = self._verify(draft, out.logits[0], params, generator)
+
+            # 6. Roll back whatever was rejected; tell the drafter what was committed.
+            cache.truncate(length_before + 1 + result.num_accepted)
+            emitted = list(result.tokens)
+            context.extend(emitted)
+
+            # 7. Stop: EOS, max_tokens, stop condition (each may cut the emitted tokens).
+            finish: str | None = None
+            for i, token in enumerate(emitted):
+                if token in eos:
+                    emitted, finish = emitted[: i + 1], "eos"
+                    break
+            if len(output) + len(emitted) >= params.max_tokens:
+                if finish is None or len(output) + len(emitted) > params.max_tokens:
+                    emitted, finish = emitted[:remaining], "length"
+            output.extend(emitted)
+            if stop is not None:
+                keep = stop.check(output)
+                if keep is not None:
+                    emitted = emitted[: max(0, len(emitted) - (len(output) - keep))]
+                    del output[keep:]
+                    finish = "stop"
+            if finish is None and len(context) >= capacity:
+                finish = "length"  # the context is full
+            if drafter is not None and finish is None:
+                hidden = None if out.hidden is None else out.hidden[0, : result.num_accepted + 1]
+                drafter.commit(
+                    context,
+                    None if hidden is None else TargetFeatures(length_before, hidden),
+                )
+            record = StepRecord(
+                index=index,
+                k=k,
+                drafted=len(draft),
+                accepted=result.num_accepted,
+                emitted=tuple(emitted),
+                draft_time=draft_time,
+                target_time=target_time,
+                step_time=time.perf_counter() - step_start,
+                fallback=fallback,
+                finish_reason=finish,
+            )
+            policy.observe(record)
+            yield record
+            if finish is not None:
+                return
+            index += 1
+
+    def _checked(self, draft: Draft, k: int) -> Draft:
+        """Reject drafts the verifier cannot use; the caller falls back on ``DrafterError``."""
+        vocab = self.target.info.vocab_size
+        tokens = draft.tokens
+        if tokens.dim() != 1 or tokens.dtype != torch.long or tokens.shape[0] > k:
+            raise DrafterError(f"draft tokens must be a 1-D int64 tensor of at most {k} tokens")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+            raise DrafterError("draft token ids outside the target's vocabulary")
+        if draft.probs is not None:
+            probs = draft.probs
+            if probs.shape != (tokens.shape[0], vocab):
+                raise DrafterError(f"draft probabilities must be [{tokens.shape[0]}, {vocab}]")
+            if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+                raise DrafterError("draft probabilities hold NaN, infinite or negative values")
+            sums = probs.sum(-1)
+            if tokens.numel() and not bool(((sums - 1).abs() < 1e-3).all()):
+                raise DrafterError("draft probabilities do not sum to 1")
+        return draft
+
+    @staticmethod
+    def _verify(
+        draft: Draft,
+        target_logits: Tensor,  # [k + 1, vocab]
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> VerifyResult:
+        if params.greedy:
+            return verify_greedy(draft.tokens, target_logits)
+        target_probs = process_logits(target_logits, params)  # [k + 1, vocab]
+        if not math.isfinite(float(target_probs.sum())):
+            raise FloatingPointError("the target produced non-finite probabilities")
+        return verify_sampled(draft.tokens, draft.probs, target_probs, generator)

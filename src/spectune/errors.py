@@ -1,0 +1,36 @@
+"""Typed exceptions. Every message is one line a user can act on; the CLI prints it as is."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DrafterError",
+    "IncompatibleModelsError",
+    "InvalidParameterError",
+    "ModelLoadError",
+    "PromptError",
+    "SpectuneError",
+]
+
+
+class SpectuneError(Exception):
+    """Base class: anything spectune raises on purpose."""
+
+
+class InvalidParameterError(SpectuneError, ValueError):
+    """A sampling or engine parameter is outside its valid range."""
+
+
+class ModelLoadError(SpectuneError):
+    """A model file or folder is missing, unreadable, corrupt or of an unsupported kind."""
+
+
+class IncompatibleModelsError(SpectuneError):
+    """Draft and target cannot be paired (vocabulary, special tokens, token strings)."""
+
+
+class PromptError(SpectuneError, ValueError):
+    """The prompt is empty or does not fit the model's context."""
+
+
+class DrafterError(SpectuneError):
+    """A drafter raised or returned something the verifier cannot use."""

@@ -1,0 +1,130 @@
+"""Adapter: any transformers ``AutoModelForCausalLM`` as a spectune ``LanguageModel``.
+
+Rollback goes through ``DynamicCache.crop``. Ragged batches and tree masks are a native-
+runtime feature: this adapter decodes one sequence per cache and a causal chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from spectune.errors import ModelLoadError, PromptError
+from spectune.models.base import ModelInfo, ModelOutput
+
+__all__ = ["HFCache", "HFModel", "load_hf_model"]
+
+
+class HFCache:
+    """One sequence's transformers cache plus its length."""
+
+    def __init__(self, capacity: int) -> None:
+        from transformers import DynamicCache
+
+        self.inner: Any = DynamicCache()
+        self._length = 0
+        self._capacity = capacity
+
+    @property
+    def batch_size(self) -> int:
+        return 1
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def length(self, row: int = 0) -> int:
+        return self._length
+
+    def truncate(self, length: int, row: int = 0) -> None:
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot truncate a cache of length {self._length} to {length}")
+        if length < self._length:
+            # A negative argument removes that many tokens (every transformers version).
+            self.inner.crop(length - self._length)
+        self._length = length
+
+
+class HFModel:
+    def __init__(self, model: Any, name: str) -> None:
+        self.model = model.eval()
+        cfg = model.config
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        eos = cfg.eos_token_id if cfg.eos_token_id is not None else getattr(
+            model.generation_config, "eos_token_id", None
+        )
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        self._info = ModelInfo(
+            name=name,
+            family=str(cfg.model_type),
+            vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+            max_context=int(getattr(text_cfg, "max_position_embeddings", 2048)),
+            bos_token_id=cfg.bos_token_id,
+            eos_token_ids=eos_ids,
+            pad_token_id=cfg.pad_token_id,
+            num_parameters=sum(p.numel() for p in model.parameters()),
+            hidden_size=int(text_cfg.hidden_size),
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    def new_cache(self, batch_size: int = 1, capacity: int | None = None) -> HFCache:
+        if batch_size != 1:
+            raise ValueError("the transformers adapter decodes one sequence per cache")
+        return HFCache(min(capacity or self._info.max_context, self._info.max_context))
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: Tensor,  # [1, chunk]
+        cache: Any,
+        *,
+        positions: Tensor | None = None,
+        chunk_mask: Tensor | None = None,
+    ) -> ModelOutput:
+        if not isinstance(cache, HFCache):
+            raise TypeError("HFModel decodes against the HFCache it created")
+        if chunk_mask is not None:
+            raise NotImplementedError(
+                "tree attention masks need the native runtime; this transformers model "
+                "is decoded as a chain"
+            )
+        chunk = tokens.shape[1]
+        start = cache.length()
+        if start + chunk > cache.capacity:
+            raise PromptError(f"sequence would exceed the context of {cache.capacity} tokens")
+        cache_position = torch.arange(start, start + chunk)
+        out = self.model(
+            input_ids=tokens,
+            past_key_values=cache.inner,
+            use_cache=True,
+            cache_position=cache_position,
+            position_ids=(cache_position[None] if positions is None else positions),
+            output_hidden_states=True,
+        )
+        cache._length = start + chunk
+        return ModelOutput(logits=out.logits, hidden=out.hidden_states[-1])
+
+
+def load_hf_model(path: Path, *, dtype: torch.dtype = torch.float32) -> HFModel:
+    from transformers import AutoModelForCausalLM
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        if path.is_file():
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=dtype
+            )
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=dtype, use_safetensors=True
+            )
+    except Exception as exc:  # transformers raises many types for bad folders
+        raise ModelLoadError(f"cannot load {path} with transformers: {exc}") from exc
+    return HFModel(model, name=path.stem if path.is_file() else path.name)

@@ -1,0 +1,278 @@
+"""Native runtime for the Llama family in plain PyTorch.
+
+Covers RMSNorm + rotary embeddings + grouped-query attention + SwiGLU, i.e. Llama,
+SmolLM, Qwen2 (with q/k/v biases) and Mistral-style checkpoints. The same module trains
+(``cache=None``: plain causal attention over the whole sequence, used by distillation)
+and decodes (against a ``StaticKVCache``, where rollback is O(1)).
+
+Hot path: ``LlamaLM.forward``. On CPU a decode step is memory-bandwidth bound (the
+weights are read once per forward), so verifying K + 1 tokens costs little more than one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from spectune.errors import PromptError
+from spectune.kv_cache import StaticKVCache
+from spectune.models.base import ModelInfo, ModelOutput
+
+__all__ = ["LlamaConfig", "LlamaLM", "LlamaTransformer"]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_context: int = 2048
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False  # Qwen2 has biases on q/k/v
+    bos_token_id: int | None = 1
+    eos_token_ids: tuple[int, ...] = (2,)
+    pad_token_id: int | None = None
+    family: str = "llama"
+    name: str = "llama"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["eos_token_ids"] = list(self.eos_token_ids)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["eos_token_ids"] = tuple(values.get("eos_token_ids", (2,)))
+        return cls(**values)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in fp32 like the reference implementation, then cast back.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotary_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos/sin for rotary embeddings. positions: [batch, chunk] -> 2 x [batch, chunk, head_dim]."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = positions.float()[..., None] * inv_freq  # [batch, chunk, head_dim / 2]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [batch, chunk, heads, head_dim]; cos/sin: [batch, chunk, head_dim]. Half-split layout."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, :, None, :].to(x.dtype) + rotated * sin[:, :, None, :].to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        q_out = cfg.num_heads * cfg.head_dim
+        kv_out = cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(q_out, cfg.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: Tensor,  # [batch, chunk, hidden]
+        cos: Tensor,  # [batch, chunk, head_dim]
+        sin: Tensor,
+        cache: StaticKVCache | None,
+        layer: int,
+        slots: Tensor | None,  # [batch, chunk]
+        mask: Tensor | None,  # [batch, 1, chunk, used] bool, True = may attend
+        used: int,
+    ) -> Tensor:
+        cfg = self.cfg
+        batch, chunk, _ = x.shape
+        q = self.q_proj(x).view(batch, chunk, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).view(batch, chunk, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).view(batch, chunk, cfg.num_kv_heads, cfg.head_dim)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        if cache is None:  # training / full-sequence scoring
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                is_causal=True, enable_gqa=True,
+            )
+        else:
+            assert slots is not None
+            cache.write(layer, slots, k, v)
+            keys, values = cache.view(layer, used)  # [batch, kv_heads, used, head_dim]
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
+            )
+        return self.o_proj(out.transpose(1, 2).reshape(batch, chunk, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: StaticKVCache | None, layer: int,
+        slots: Tensor | None, mask: Tensor | None, used: int,
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, slots, mask, used)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaTransformer(nn.Module):
+    """The network. Parameter names follow transformers' Llama so checkpoints map 1:1."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        tokens: Tensor,  # [batch, chunk]
+        positions: Tensor,  # [batch, chunk]
+        cache: StaticKVCache | None = None,
+        slots: Tensor | None = None,  # [batch, chunk]
+        mask: Tensor | None = None,  # [batch, 1, chunk, used]
+        used: int = 0,
+    ) -> tuple[Tensor, Tensor]:
+        """Returns (logits [batch, chunk, vocab], last hidden state after the final norm)."""
+        x = self.embed_tokens(tokens)
+        cos, sin = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        for i, block in enumerate(self.layers):
+            x = block(x, cos, sin, cache, i, slots, mask, used)
+        hidden = self.norm(x)
+        return self.lm_head(hidden), hidden
+
+
+def attention_mask(
+    lengths: list[int], chunk: int, slots: Tensor, chunk_mask: Tensor | None
+) -> tuple[Tensor | None, int]:
+    """Build the [batch, 1, chunk, used] visibility mask (True = may attend).
+
+    Each query sees its sequence's prefix (slots < length) and, inside the chunk, what
+    ``chunk_mask`` allows (causal by default; a tree passes ancestor-only visibility).
+    Returns (None, used) for the single-token, single-sequence case, where everything
+    held is visible and SDPA needs no mask.
+    """
+    used = max(lengths) + chunk
+    if chunk_mask is None and chunk == 1 and len(lengths) == 1:
+        return None, used
+    if chunk_mask is None:
+        chunk_mask = torch.ones(chunk, chunk, dtype=torch.bool).tril()
+        chunk_mask = chunk_mask.expand(len(lengths), chunk, chunk)
+    starts = torch.tensor(lengths)[:, None, None]  # [batch, 1, 1]
+    mask = torch.arange(used)[None, None, :] < starts  # prefix: [batch, 1, used]
+    mask = mask.expand(len(lengths), chunk, used).clone()
+    rows = torch.arange(len(lengths))[:, None, None]
+    queries = torch.arange(chunk)[None, :, None]
+    mask[rows, queries, slots[:, None, :]] = chunk_mask
+    return mask[:, None], used
+
+
+class LlamaLM:
+    """``LanguageModel`` over a ``LlamaTransformer`` with a ``StaticKVCache``."""
+
+    def __init__(self, net: LlamaTransformer, *, name: str | None = None) -> None:
+        self.net = net.eval()
+        cfg = net.cfg
+        self._info = ModelInfo(
+            name=name or cfg.name,
+            family=cfg.family,
+            vocab_size=cfg.vocab_size,
+            max_context=cfg.max_context,
+            bos_token_id=cfg.bos_token_id,
+            eos_token_ids=cfg.eos_token_ids,
+            pad_token_id=cfg.pad_token_id,
+            num_parameters=sum(p.numel() for p in net.parameters()),
+            hidden_size=cfg.hidden_size,
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.net.embed_tokens.weight.dtype
+
+    def new_cache(self, batch_size: int = 1, capacity: int | None = None) -> StaticKVCache:
+        cfg = self.net.cfg
+        return StaticKVCache(
+            num_layers=cfg.num_layers,
+            batch_size=batch_size,
+            capacity=min(capacity or cfg.max_context, cfg.max_context),
+            kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            dtype=self.dtype,
+            device=self.net.embed_tokens.weight.device,
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: Tensor,  # [batch, chunk]
+        cache: Any,
+        *,
+        positions: Tensor | None = None,  # [batch, chunk]
+        chunk_mask: Tensor | None = None,  # [batch, chunk, chunk] bool
+    ) -> ModelOutput:
+        if not isinstance(cache, StaticKVCache):
+            raise TypeError("LlamaLM decodes against the StaticKVCache it created")
+        chunk = tokens.shape[1]
+        if max(cache.lengths) + chunk > cache.capacity:
+            raise PromptError(
+                f"sequence would reach {max(cache.lengths) + chunk} tokens, over the "
+                f"context of {cache.capacity}"
+            )
+        slots = cache.slots(chunk)
+        mask, used = attention_mask(cache.lengths, chunk, slots, chunk_mask)
+        logits, hidden = self.net(
+            tokens, slots if positions is None else positions, cache, slots, mask, used
+        )
+        cache.advance(chunk)
+        return ModelOutput(logits=logits, hidden=hidden)

