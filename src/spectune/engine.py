@@ -42,7 +42,9 @@ MAX_K = 32  # beyond this a chain draft is never accepted in full; larger K is a
 def validate_k(k: int, *, allow_zero: bool = False) -> int:
     low = 0 if allow_zero else 1
     if not isinstance(k, int) or isinstance(k, bool) or not low <= k <= MAX_K:
-        raise InvalidParameterError(f"K (draft tokens per step) must be in [{low}, {MAX_K}], got {k}")
+        raise InvalidParameterError(
+            f"K (draft tokens per step) must be in [{low}, {MAX_K}], got {k}"
+        )
     return k
 
 
@@ -143,7 +145,9 @@ class SpeculativeEngine:
         if not prompt:
             raise PromptError("the prompt is empty")
         if any(not 0 <= t < info.vocab_size for t in prompt):
-            raise PromptError(f"the prompt holds token ids outside the vocabulary of {info.vocab_size}")
+            raise PromptError(
+                f"the prompt holds token ids outside the vocabulary of {info.vocab_size}"
+            )
         if len(prompt) >= info.max_context:
             raise PromptError(
                 f"the prompt has {len(prompt)} tokens; the context holds {info.max_context}"

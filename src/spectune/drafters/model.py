@@ -74,7 +74,9 @@ class ModelDrafter:
         generator: torch.Generator | None,
     ) -> Draft:
         if num_tokens <= 0:
-            return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, self.model.info.vocab_size))
+            return Draft(
+                torch.zeros(0, dtype=torch.long), torch.zeros(0, self.model.info.vocab_size)
+            )
         logits = self._sync(context)
         tokens: list[Tensor] = []
         probs: list[Tensor] = []

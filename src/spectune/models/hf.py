@@ -54,8 +54,10 @@ class HFModel:
         self.model = model.eval()
         cfg = model.config
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        eos = cfg.eos_token_id if cfg.eos_token_id is not None else getattr(
-            model.generation_config, "eos_token_id", None
+        eos = (
+            cfg.eos_token_id
+            if cfg.eos_token_id is not None
+            else getattr(model.generation_config, "eos_token_id", None)
         )
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         self._info = ModelInfo(

@@ -118,8 +118,11 @@ class Attention(nn.Module):
         k = apply_rotary(k, cos, sin)
         if cache is None:  # training / full-sequence scoring
             out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                is_causal=True, enable_gqa=True,
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                is_causal=True,
+                enable_gqa=True,
             )
         else:
             assert slots is not None
@@ -128,7 +131,8 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
             )
-        return self.o_proj(out.transpose(1, 2).reshape(batch, chunk, -1))
+        projected: Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, chunk, -1))
+        return projected
 
 
 class MLP(nn.Module):
@@ -139,7 +143,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        down: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return down
 
 
 class Block(nn.Module):
@@ -151,11 +156,19 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, cache: StaticKVCache | None, layer: int,
-        slots: Tensor | None, mask: Tensor | None, used: int,
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        cache: StaticKVCache | None,
+        layer: int,
+        slots: Tensor | None,
+        mask: Tensor | None,
+        used: int,
     ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, slots, mask, used)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        mlp_out: Tensor = self.mlp(self.post_attention_layernorm(x))
+        return x + mlp_out
 
 
 class LlamaTransformer(nn.Module):

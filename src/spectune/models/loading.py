@@ -92,7 +92,9 @@ def load_model(
         if family in NATIVE_FAMILIES and not _needs_hf(config):
             return native_from_folder(path, dtype=dtype)
     if runtime == "native":
-        raise ModelLoadError(f"the native runtime does not support '{family}' models; use --runtime hf")
+        raise ModelLoadError(
+            f"the native runtime does not support '{family}' models; use --runtime hf"
+        )
     from spectune.models.hf import load_hf_model
 
     return load_hf_model(path, dtype=dtype)
@@ -238,7 +240,9 @@ def _build(
         net = LlamaTransformer(cfg)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    expected = {k for k in net.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    expected = {
+        k for k in net.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")
+    }
     missing = expected - state.keys()
     if missing:
         raise ModelLoadError(f"{source}: missing weights {sorted(missing)[:3]}")

@@ -1,0 +1,142 @@
+"""``spectune generate``: speculative generation of one prompt, streamed, with statistics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from spectune.cli.common import add_model_args, add_sampling_args, parse_dtype, sampling_from_args
+from spectune.control.base import FixedK
+from spectune.engine import Generation, SpeculativeEngine, validate_k
+from spectune.pairing import load_drafter, load_target
+from spectune.sampling import SamplingParams
+from spectune.textgen import stream_text
+from spectune.tokenizer import Tokenizer
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("generate", help="generate text with speculative decoding")
+    parser.add_argument("prompt", nargs="?", help="raw prompt text (no chat template)")
+    parser.add_argument("--chat", help="a user message, sent through the model's chat template")
+    parser.add_argument("--system", help="system message for --chat")
+    add_model_args(parser)
+    add_sampling_args(parser)
+    parser.add_argument("-k", "--k", type=int, default=4, help="draft tokens per step")
+    parser.add_argument("--compare", action="store_true", help="also decode without speculation")
+    parser.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
+    parser.set_defaults(run=run)
+
+
+def prompt_tokens(args: argparse.Namespace, tokenizer: Tokenizer) -> list[int]:
+    if args.chat is not None:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages.append({"role": "user", "content": args.chat})
+        return tokenizer.encode_chat(messages)
+    return tokenizer.encode(args.prompt or "")
+
+
+def summary(gen: Generation) -> dict[str, Any]:
+    return {
+        "tokens": len(gen.tokens),
+        "steps": len(gen.steps),
+        "tokens_per_second": round(gen.tokens_per_second, 2),
+        "drafted": gen.drafted,
+        "accepted": gen.accepted,
+        "acceptance_rate": round(gen.acceptance_rate, 4),
+        "mean_accepted_length": round(gen.mean_accepted_length, 3),
+        "finish_reason": gen.finish_reason,
+        "prefill_seconds": round(gen.prefill_time, 4),
+        "decode_seconds": round(gen.decode_time, 4),
+    }
+
+
+def decode(
+    engine: SpeculativeEngine,
+    tokenizer: Tokenizer,
+    prompt: list[int],
+    params: SamplingParams,
+    k: int,
+    echo: bool,
+) -> tuple[Generation, str]:
+    gen = Generation(prompt_tokens=prompt)
+    text: list[str] = []
+    for chunk in stream_text(engine, tokenizer, prompt, params, policy=FixedK(k)):
+        gen.tokens.extend(chunk.record.emitted)
+        gen.steps.append(chunk.record)
+        gen.finish_reason = chunk.record.finish_reason
+        text.append(chunk.text)
+        if echo:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    return gen, "".join(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    k = validate_k(args.k)
+    params = sampling_from_args(args)
+    dtype = parse_dtype(args.dtype)
+    target = load_target(args.target, dtype=dtype, runtime=args.runtime)
+    drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
+    prompt = prompt_tokens(args, target.tokenizer)
+    engine = SpeculativeEngine(target.model, drafter)
+    echo = not args.json
+    gen, text = decode(engine, target.tokenizer, prompt, params, k, echo)
+    report: dict[str, Any] = {
+        "text": text,
+        "target": target.model.info.name,
+        "drafter": drafter.name if drafter else "none",
+        "k": k,
+        "prompt_tokens": len(prompt),
+        "speculative": summary(gen),
+    }
+    if args.compare:
+        plain, _ = decode(
+            SpeculativeEngine(target.model), target.tokenizer, prompt, params, 0, False
+        )
+        report["plain"] = summary(plain)
+        report["speedup"] = round(
+            gen.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else 0.0, 3
+        )
+        if params.greedy:
+            report["identical_to_plain"] = plain.tokens == gen.tokens
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_summary(report)
+    return 0
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=False)
+    console.print()
+    table = Table(title=f"{report['target']} with drafter {report['drafter']} (K = {report['k']})")
+    table.add_column("")
+    table.add_column("speculative", justify="right")
+    if "plain" in report:
+        table.add_column("plain", justify="right")
+    rows = [
+        ("tokens", "tokens"),
+        ("tokens/s", "tokens_per_second"),
+        ("acceptance rate", "acceptance_rate"),
+        ("mean accepted length", "mean_accepted_length"),
+        ("steps", "steps"),
+        ("finish", "finish_reason"),
+    ]
+    for label, key in rows:
+        cells = [str(report["speculative"][key])]
+        if "plain" in report:
+            cells.append(str(report["plain"][key]))
+        table.add_row(label, *cells)
+    console.print(table)
+    if "speedup" in report:
+        line = f"speedup over plain decoding: {report['speedup']:.2f}x"
+        if "identical_to_plain" in report:
+            line += f"; greedy output identical to plain: {report['identical_to_plain']}"
+        console.print(line)

@@ -1,0 +1,125 @@
+"""Pairing a draft with a target: compatibility checks and drafter construction.
+
+Checks follow llama.cpp's speculative example: vocabulary sizes at most 128 apart,
+identical special-token ids, and identical token strings over the shared range (the
+first and last ids beyond the special ones are where mismatches show first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from spectune.drafters.base import Drafter
+from spectune.drafters.model import ModelDrafter
+from spectune.drafters.ngram import NgramDrafter
+from spectune.errors import IncompatibleModelsError
+from spectune.models.base import LanguageModel, ModelInfo
+from spectune.models.loading import load_model, resolve_model_path
+from spectune.tokenizer import Tokenizer, load_tokenizer
+
+__all__ = [
+    "MAX_VOCAB_DIFFERENCE",
+    "Loaded",
+    "check_compatible",
+    "compatibility_problems",
+    "load_drafter",
+    "load_target",
+]
+
+MAX_VOCAB_DIFFERENCE = 128
+
+
+@dataclass(frozen=True)
+class Loaded:
+    model: LanguageModel
+    tokenizer: Tokenizer
+    path: Path
+
+
+def load_target(ref: str, *, dtype: torch.dtype = torch.float32, runtime: str = "auto") -> Loaded:
+    path = resolve_model_path(ref)
+    model = load_model(path, dtype=dtype, runtime=runtime)
+    return Loaded(model, load_tokenizer(path), path)
+
+
+def compatibility_problems(
+    target: ModelInfo,
+    target_tokenizer: Tokenizer,
+    draft: ModelInfo,
+    draft_tokenizer: Tokenizer | None,
+) -> list[str]:
+    """Every reason the draft cannot serve the target (empty: compatible)."""
+    problems: list[str] = []
+    if abs(target.vocab_size - draft.vocab_size) > MAX_VOCAB_DIFFERENCE:
+        problems.append(
+            f"vocabulary sizes differ by {abs(target.vocab_size - draft.vocab_size)} "
+            f"(target {target.vocab_size}, draft {draft.vocab_size}; at most "
+            f"{MAX_VOCAB_DIFFERENCE} allowed)"
+        )
+    for label, t_id, d_id in (
+        ("BOS", target.bos_token_id, draft.bos_token_id),
+        ("pad", target.pad_token_id, draft.pad_token_id),
+    ):
+        if t_id is not None and d_id is not None and t_id != d_id:
+            problems.append(f"{label} token ids differ (target {t_id}, draft {d_id})")
+    if target.eos_token_ids and draft.eos_token_ids:
+        if not set(target.eos_token_ids) & set(draft.eos_token_ids):
+            problems.append(
+                f"EOS token ids differ (target {list(target.eos_token_ids)}, "
+                f"draft {list(draft.eos_token_ids)})"
+            )
+    if draft_tokenizer is not None:
+        t_strings = target_tokenizer.token_strings()
+        d_strings = draft_tokenizer.token_strings()
+        shared = min(len(t_strings), len(d_strings))
+        for idx in range(shared):
+            if t_strings[idx] != d_strings[idx]:
+                problems.append(
+                    f"token {idx} differs (target {t_strings[idx]!r}, draft {d_strings[idx]!r})"
+                )
+                break
+    return problems
+
+
+def check_compatible(
+    target: ModelInfo,
+    target_tokenizer: Tokenizer,
+    draft: ModelInfo,
+    draft_tokenizer: Tokenizer | None,
+) -> None:
+    problems = compatibility_problems(target, target_tokenizer, draft, draft_tokenizer)
+    if problems:
+        raise IncompatibleModelsError(
+            f"draft '{draft.name}' cannot serve target '{target.name}': " + "; ".join(problems)
+        )
+
+
+def _draft_tokenizer(path: Path) -> Tokenizer | None:
+    """The draft's own tokenizer if it ships one (GGUF files always do)."""
+    if path.is_file() or any(
+        (path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")
+    ):
+        return load_tokenizer(path)
+    return None
+
+
+def load_drafter(
+    spec: str | None,
+    target: Loaded,
+    *,
+    dtype: torch.dtype = torch.float32,
+    runtime: str = "auto",
+) -> Drafter | None:
+    """``None``/``none`` -> no drafter; ``ngram`` -> prompt lookup; else a draft model path or
+    shipped draft name, checked against the target before use."""
+    if spec is None or spec == "none":
+        return None
+    if spec == "ngram":
+        return NgramDrafter()
+    path = resolve_model_path(spec)
+    model = load_model(path, dtype=dtype, runtime=runtime)
+    check_compatible(target.model.info, target.tokenizer, model.info, _draft_tokenizer(path))
+    return ModelDrafter(model)
