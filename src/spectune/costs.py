@@ -1,0 +1,124 @@
+"""Measured costs and the analytic speedup model every K decision rests on.
+
+Glossary (Leviathan et al. 2023, section 3.4; the seed's formula):
+- alpha (acceptance)      expected probability that a draft token is accepted.
+- draft cost c            one draft step's time divided by one target step's time.
+- verification curve v(k) the target's forward time over k + 1 tokens divided by its time
+                          over one token (v(0) = 1: plain decoding).
+- expected tokens/step    (1 - alpha^(k+1)) / (1 - alpha)  (accepted plus the bonus token).
+- predicted speedup       S(k) = (1 - alpha^(k+1)) / ((1 - alpha) (k c + v(k))),
+                          relative to plain decoding; S(0) = 1.
+
+Costs are measured on the machine at hand, never assumed: a forward over 8 tokens costs
+~1.1x one token on one CPU and ~8x on another.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spectune.models.base import LanguageModel
+
+__all__ = [
+    "CostCurve",
+    "expected_tokens_per_step",
+    "measure_forward_curve",
+    "measure_step_time",
+    "optimal_k",
+    "predicted_speedup",
+]
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Median seconds of one forward over ``sizes[i]`` tokens (after a fixed-length prefix)."""
+
+    sizes: tuple[int, ...]  # chunk lengths measured, ascending, starting at 1
+    seconds: tuple[float, ...]
+
+    def time(self, tokens: int) -> float:
+        """Seconds for a forward over ``tokens``, linearly interpolated between measurements."""
+        sizes, secs = self.sizes, self.seconds
+        if tokens <= sizes[0]:
+            return secs[0]
+        for i in range(1, len(sizes)):
+            if tokens <= sizes[i]:
+                n0, n1, t0, t1 = sizes[i - 1], sizes[i], secs[i - 1], secs[i]
+                return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+        # Past the last measurement: extrapolate the last segment's slope.
+        n0, n1, t0, t1 = sizes[-2], sizes[-1], secs[-2], secs[-1]
+        return t1 + (t1 - t0) / (n1 - n0) * (tokens - n1)
+
+    def relative(self, k: int) -> float:
+        """v(k): cost of verifying k draft tokens (a forward over k + 1) over one token."""
+        return self.time(k + 1) / self.seconds[0]
+
+
+def measure_step_time(
+    model: LanguageModel, tokens: int, *, prefix: int = 64, repeats: int = 5, seed: int = 0
+) -> float:
+    """Median seconds for one forward over ``tokens`` after ``prefix`` cached tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = model.info.vocab_size
+    cache = model.new_cache(capacity=prefix + tokens + 1)
+    model.forward(torch.randint(0, vocab, (1, prefix), generator=generator), cache)
+    chunk = torch.randint(0, vocab, (1, tokens), generator=generator)
+    model.forward(chunk, cache)  # warm-up at this shape
+    cache.truncate(prefix)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.forward(chunk, cache)
+        samples.append(time.perf_counter() - start)
+        cache.truncate(prefix)
+    return statistics.median(samples)
+
+
+def measure_forward_curve(
+    model: LanguageModel,
+    sizes: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16),
+    *,
+    prefix: int = 64,
+    repeats: int = 5,
+) -> CostCurve:
+    """The verification-cost curve of ``model`` on this machine. Sizes interleave over
+    repeats so slow drift of the machine hits every size alike."""
+    ordered = sorted(set(sizes))
+    if not ordered or ordered[0] != 1:
+        raise ValueError("the curve must start at one token")
+    per_size: dict[int, list[float]] = {n: [] for n in ordered}
+    for _ in range(repeats):
+        for n in ordered:
+            per_size[n].append(measure_step_time(model, n, prefix=prefix, repeats=1))
+    return CostCurve(tuple(ordered), tuple(statistics.median(per_size[n]) for n in ordered))
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """(1 - alpha^(k+1)) / (1 - alpha): accepted tokens plus the bonus, i.i.d. acceptance."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, draft_cost: float, curve: CostCurve, k: int) -> float:
+    """S(k) relative to plain decoding; S(0) = 1."""
+    if k == 0:
+        return 1.0
+    return expected_tokens_per_step(alpha, k) / (k * draft_cost + curve.relative(k))
+
+
+def optimal_k(
+    alpha: float, draft_cost: float, curve: CostCurve, *, max_k: int = 8
+) -> tuple[int, float]:
+    """The K in [0, max_k] with the highest predicted speedup (0 when none beats plain)."""
+    best_k, best = 0, 1.0
+    for k in range(1, max_k + 1):
+        speedup = predicted_speedup(alpha, draft_cost, curve, k)
+        if speedup > best:
+            best_k, best = k, speedup
+    return best_k, best
