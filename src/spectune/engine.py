@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,7 +33,10 @@ __all__ = [
     "SpeculativeEngine",
     "StepRecord",
     "StopCondition",
+    "check_draft",
+    "cut_at_stops",
     "validate_k",
+    "verify_draft",
 ]
 
 MAX_K = 32  # beyond this a chain draft is never accepted in full; larger K is a mistake
@@ -194,7 +197,8 @@ class SpeculativeEngine:
             if k > 0 and drafter is not None:
                 draft_start = time.perf_counter()
                 try:
-                    draft = self._checked(drafter.propose(context, k, params, generator), k)
+                    proposed = drafter.propose(context, k, params, generator)
+                    draft = check_draft(proposed, k, info.vocab_size)
                 except Exception as exc:  # any drafter failure falls back to plain decoding
                     drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
                     fallback = drafter_failure
@@ -209,7 +213,7 @@ class SpeculativeEngine:
             target_time = time.perf_counter() - target_start
 
             # 5. Verify.
-            result = self._verify(draft, out.logits[0], params, generator)
+            result = verify_draft(draft, out.logits[0], params, generator)
 
             # 6. Roll back whatever was rejected; tell the drafter what was committed.
             cache.truncate(length_before + 1 + result.num_accepted)
@@ -217,21 +221,7 @@ class SpeculativeEngine:
             context.extend(emitted)
 
             # 7. Stop: EOS, max_tokens, stop condition (each may cut the emitted tokens).
-            finish: str | None = None
-            for i, token in enumerate(emitted):
-                if token in eos:
-                    emitted, finish = emitted[: i + 1], "eos"
-                    break
-            if len(output) + len(emitted) >= params.max_tokens:
-                if finish is None or len(output) + len(emitted) > params.max_tokens:
-                    emitted, finish = emitted[:remaining], "length"
-            output.extend(emitted)
-            if stop is not None:
-                keep = stop.check(output)
-                if keep is not None:
-                    emitted = emitted[: max(0, len(emitted) - (len(output) - keep))]
-                    del output[keep:]
-                    finish = "stop"
+            emitted, finish = cut_at_stops(emitted, output, params.max_tokens, eos, stop)
             if finish is None and len(context) >= capacity:
                 finish = "length"  # the context is full
             if drafter is not None and finish is None:
@@ -259,34 +249,71 @@ class SpeculativeEngine:
             index += 1
 
     def _checked(self, draft: Draft, k: int) -> Draft:
-        """Reject drafts the verifier cannot use; the caller falls back on ``DrafterError``."""
-        vocab = self.target.info.vocab_size
-        tokens = draft.tokens
-        if tokens.dim() != 1 or tokens.dtype != torch.long or tokens.shape[0] > k:
-            raise DrafterError(f"draft tokens must be a 1-D int64 tensor of at most {k} tokens")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-            raise DrafterError("draft token ids outside the target's vocabulary")
-        if draft.probs is not None:
-            probs = draft.probs
-            if probs.shape != (tokens.shape[0], vocab):
-                raise DrafterError(f"draft probabilities must be [{tokens.shape[0]}, {vocab}]")
-            if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
-                raise DrafterError("draft probabilities hold NaN, infinite or negative values")
-            sums = probs.sum(-1)
-            if tokens.numel() and not bool(((sums - 1).abs() < 1e-3).all()):
-                raise DrafterError("draft probabilities do not sum to 1")
-        return draft
+        """Kept for callers of the earlier private API; see ``check_draft``."""
+        return check_draft(draft, k, self.target.info.vocab_size)
 
-    @staticmethod
-    def _verify(
-        draft: Draft,
-        target_logits: Tensor,  # [k + 1, vocab]
-        params: SamplingParams,
-        generator: torch.Generator,
-    ) -> VerifyResult:
-        if params.greedy:
-            return verify_greedy(draft.tokens, target_logits)
-        target_probs = process_logits(target_logits, params)  # [k + 1, vocab]
-        if not math.isfinite(float(target_probs.sum())):
-            raise FloatingPointError("the target produced non-finite probabilities")
-        return verify_sampled(draft.tokens, draft.probs, target_probs, generator)
+
+def cut_at_stops(
+    emitted: list[int],
+    output: list[int],
+    max_tokens: int,
+    eos: Collection[int],
+    stop: StopCondition | None,
+) -> tuple[list[int], str | None]:
+    """Step 7 of every decoding loop: cut a step's tokens at EOS, ``max_tokens`` and a stop.
+
+    ``output`` (the request's tokens before this step) is extended in place with what is
+    kept. Returns (the kept tokens, the finish reason or None). Shared by the single-
+    sequence and the batched engines so both stop identically.
+    """
+    remaining = max_tokens - len(output)
+    finish: str | None = None
+    for i, token in enumerate(emitted):
+        if token in eos:
+            emitted, finish = emitted[: i + 1], "eos"
+            break
+    if len(output) + len(emitted) >= max_tokens:
+        if finish is None or len(output) + len(emitted) > max_tokens:
+            emitted, finish = emitted[:remaining], "length"
+    output.extend(emitted)
+    if stop is not None:
+        keep = stop.check(output)
+        if keep is not None:
+            emitted = emitted[: max(0, len(emitted) - (len(output) - keep))]
+            del output[keep:]
+            finish = "stop"
+    return emitted, finish
+
+
+def check_draft(draft: Draft, k: int, vocab_size: int) -> Draft:
+    """Reject drafts the verifier cannot use; callers fall back on ``DrafterError``."""
+    tokens = draft.tokens
+    if tokens.dim() != 1 or tokens.dtype != torch.long or tokens.shape[0] > k:
+        raise DrafterError(f"draft tokens must be a 1-D int64 tensor of at most {k} tokens")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise DrafterError("draft token ids outside the target's vocabulary")
+    if draft.probs is not None:
+        probs = draft.probs
+        if probs.shape != (tokens.shape[0], vocab_size):
+            raise DrafterError(f"draft probabilities must be [{tokens.shape[0]}, {vocab_size}]")
+        if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+            raise DrafterError("draft probabilities hold NaN, infinite or negative values")
+        sums = probs.sum(-1)
+        if tokens.numel() and not bool(((sums - 1).abs() < 1e-3).all()):
+            raise DrafterError("draft probabilities do not sum to 1")
+    return draft
+
+
+def verify_draft(
+    draft: Draft,
+    target_logits: Tensor,  # [k + 1, vocab]
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> VerifyResult:
+    """Step 5: greedy matching at temperature 0, rejection sampling otherwise."""
+    if params.greedy:
+        return verify_greedy(draft.tokens, target_logits)
+    target_probs = process_logits(target_logits, params)  # [k + 1, vocab]
+    if not math.isfinite(float(target_probs.sum())):
+        raise FloatingPointError("the target produced non-finite probabilities")
+    return verify_sampled(draft.tokens, draft.probs, target_probs, generator)
