@@ -263,3 +263,26 @@ def test_bad_requests_raise_typed_errors(toy_target: LlamaLM) -> None:
         BatchEngine(toy_target, max_batch=0)
     assert engine.step()[0].record.emitted
     assert BatchEngine(toy_target).step() == []
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_tree_drafts_in_a_batch_equal_alone(
+    endless: LlamaLM, endless_draft: LlamaLM, temperature: float
+) -> None:
+    """Rows with trees (per-row positions and masks) next to padding, compacted per row."""
+    from spectune.drafters.tree import TreeDrafter, TreeShape
+
+    shape = TreeShape(width=2, nodes=10)
+    params = SamplingParams(temperature=temperature, max_tokens=20)
+    seeds = {rid: 31 + i for i, rid in enumerate(PROMPTS)}
+    engine = BatchEngine(
+        endless,
+        lambda: TreeDrafter(endless_draft, shape),
+        max_batch=3,
+        policy_factory=lambda p: FixedK(3),
+    )
+    got = run_batch(engine, {rid: (p, params) for rid, p in PROMPTS.items()}, seeds=seeds)
+    for rid, prompt in PROMPTS.items():
+        expected = alone(endless, TreeDrafter(endless_draft, shape), prompt, params, 3, seeds[rid])
+        assert tokens_of(got[rid]) == expected, rid
+        assert all(r.fallback is None for r in got[rid])

@@ -18,7 +18,8 @@ sequence is copied into its row, so the active rows stay a prefix.
 Ragged rows: each row holds its own length. A row with fewer tokens than the chunk is
 padded *after* its real tokens; causal attention keeps the real tokens blind to the
 padding, and truncating the row to its own length forgets it. Every row can therefore be
-written up to ``MAX_K + 1`` slots past its length, which the caches reserve (``slack``).
+written up to ``CHUNK_SLACK`` slots past its length (a chain or tree and padding), which
+the caches reserve.
 
 Exactness: a sequence's result equals decoding it alone with ``SpeculativeEngine``: the
 same K, the same draft tokens, the same verification, the same random numbers from its
@@ -47,21 +48,23 @@ from spectune.control.base import FixedK, KPolicy
 from spectune.drafters.base import Draft, Drafter, TargetFeatures
 from spectune.drafters.ngram import NgramDrafter
 from spectune.engine import (
-    MAX_K,
+    CHUNK_SLACK,
     StepRecord,
     StopCondition,
     check_draft,
     cut_at_stops,
+    fit_to_room,
     verify_draft,
 )
 from spectune.errors import BatchFullError, InvalidParameterError, PromptError
 from spectune.kv_cache import StaticKVCache
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams
+from spectune.tree import chain_parents, keep_path, tree_layout
 
 __all__ = ["BatchEngine", "SequenceUpdate"]
 
-SLACK = MAX_K + 1  # slots a row may be written past its length by padding
+SLACK = CHUNK_SLACK  # slots a row may be written past its length (chunk and padding)
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,24 @@ class _Sequence:
 
 def _no_draft(_: int) -> Draft:
     return Draft(torch.zeros(0, dtype=torch.long), None)
+
+
+def tree_inputs(
+    drafts: Sequence[Draft], lengths: Sequence[int], width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row positions [rows, width] and chunk mask [rows, width, width] when some row
+    drafted a tree: chains get the causal layout, padding sees only itself."""
+    rows = len(drafts)
+    positions = torch.zeros(rows, width, dtype=torch.long)  # [rows, width]
+    mask = torch.eye(width, dtype=torch.bool).repeat(rows, 1, 1)  # [rows, width, width]
+    for row, draft in enumerate(drafts):
+        parents = chain_parents(len(draft)) if draft.parents is None else draft.parents
+        row_positions, row_mask = tree_layout(parents, lengths[row])
+        used = len(draft) + 1
+        positions[row, :used] = row_positions
+        positions[row, used:] = lengths[row] + torch.arange(used, width)  # padding
+        mask[row, :used, :used] = row_mask
+    return positions, mask
 
 
 class BatchEngine:
@@ -206,7 +227,7 @@ class BatchEngine:
             policy = FixedK(4 if self.drafter is not None else 0)
         row = len(self._rows)
         # The single-sequence engine's capacity, so both finish on "length" alike.
-        capacity = min(self.capacity, len(prompt) + params.max_tokens + MAX_K + 1)
+        capacity = min(self.capacity, len(prompt) + params.max_tokens + CHUNK_SLACK)
         seq = _Sequence(request_id, params, generator, policy, stop, prompt, capacity, row)
 
         # Prefill the target row with all but the pending (last) prompt token.
@@ -295,8 +316,9 @@ class BatchEngine:
                         continue
                     seq.drafter_failure = fallbacks[req.row] = proposal
                     continue
+                room = seq.capacity - len(seq.context)
                 try:
-                    drafts[req.row] = check_draft(proposal, req.k, vocab)
+                    drafts[req.row] = fit_to_room(check_draft(proposal, req.k, vocab), room - 1)
                 except Exception as exc:
                     seq.drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
                     fallbacks[req.row] = seq.drafter_failure
@@ -310,7 +332,11 @@ class BatchEngine:
             chunk[seq.row, 0] = seq.context[-1]
             chunk[seq.row, 1 : 1 + len(draft)] = draft.tokens
         lengths_before = [self.cache.length(r) for r in range(num_rows)]
-        out = forward_rows(self.target, self.cache, num_rows, chunk)
+        if all(d.parents is None for d in drafts):
+            out = forward_rows(self.target, self.cache, num_rows, chunk)
+        else:
+            positions, mask = tree_inputs(drafts, lengths_before, width)
+            out = forward_rows(self.target, self.cache, num_rows, chunk, positions, mask)
         target_time = time.perf_counter() - target_start
 
         # 4. Per sequence: verify, roll back its row, stop, tell drafter and policy.
@@ -321,7 +347,7 @@ class BatchEngine:
             row = seq.row
             logits = out.logits[row, : len(draft) + 1]  # [drafted + 1, vocab]
             result = verify_draft(draft, logits, seq.params, seq.generator)
-            self.cache.truncate(lengths_before[row] + 1 + result.num_accepted, row)
+            keep_path(self.cache, row, lengths_before[row], result.path)
             seq.context.extend(result.tokens)
             emitted, finish = cut_at_stops(
                 list(result.tokens), seq.output, seq.params.max_tokens, eos, seq.stop
@@ -329,7 +355,7 @@ class BatchEngine:
             if finish is None and len(seq.context) >= seq.capacity:
                 finish = "length"  # the context is full
             if self.drafter is not None and finish is None and not seq.drafter_failure:
-                hidden = None if out.hidden is None else out.hidden[row, : result.num_accepted + 1]
+                hidden = None if out.hidden is None else out.hidden[row, [0, *result.path]]
                 features = None if hidden is None else TargetFeatures(lengths_before[row], hidden)
                 self.drafter.commit(row, seq.context, features)
             record = StepRecord(

@@ -47,18 +47,20 @@ def forward_rows(
     cache: KVCache,
     num_rows: int,
     tokens: Tensor,  # [num_rows, chunk] int64
+    positions: Tensor | None = None,  # [num_rows, chunk] int64
+    chunk_mask: Tensor | None = None,  # [num_rows, chunk, chunk] bool
 ) -> ModelOutput:
     """Forward the leading ``num_rows`` rows of ``cache`` only (the active sequences).
 
     A cache that is not a ``StaticKVCache`` holds one sequence; it is forwarded whole.
     """
     if num_rows == cache.batch_size:
-        return model.forward(tokens, cache)
+        return model.forward(tokens, cache, positions=positions, chunk_mask=chunk_mask)
     if not isinstance(cache, StaticKVCache):
         raise TypeError("row views need the native runtime's StaticKVCache")
     view = cache.rows(0, num_rows)
     try:
-        return model.forward(tokens, view)
+        return model.forward(tokens, view, positions=positions, chunk_mask=chunk_mask)
     finally:
         cache.lengths[:num_rows] = view.lengths
 

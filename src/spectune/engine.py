@@ -25,9 +25,19 @@ from spectune.drafters.base import Draft, Drafter, TargetFeatures
 from spectune.errors import DrafterError, InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams, process_logits
+from spectune.tree import (
+    MAX_TREE_NODES,
+    check_parents,
+    keep_path,
+    tree_depths,
+    tree_layout,
+    trim_tree,
+)
+from spectune.tree_verify import verify_tree_greedy, verify_tree_sampled
 from spectune.verify import VerifyResult, verify_greedy, verify_sampled
 
 __all__ = [
+    "CHUNK_SLACK",
     "MAX_K",
     "Generation",
     "SpeculativeEngine",
@@ -35,11 +45,14 @@ __all__ = [
     "StopCondition",
     "check_draft",
     "cut_at_stops",
+    "fit_to_room",
     "validate_k",
     "verify_draft",
 ]
 
 MAX_K = 32  # beyond this a chain draft is never accepted in full; larger K is a mistake
+# Slots a step may write past the context: the pending token plus a chain or a tree.
+CHUNK_SLACK = max(MAX_K, MAX_TREE_NODES) + 1
 
 
 def validate_k(k: int, *, allow_zero: bool = False) -> int:
@@ -164,7 +177,7 @@ class SpeculativeEngine:
         policy = policy or FixedK(4 if self.drafter is not None else 0)
         drafter = self.drafter
         eos = set(info.eos_token_ids)
-        capacity = min(info.max_context, len(prompt) + params.max_tokens + MAX_K + 1)
+        capacity = min(info.max_context, len(prompt) + params.max_tokens + CHUNK_SLACK)
 
         # 1. Prefill: the target ingests all but the last prompt token (the pending token).
         cache = target.new_cache(capacity=capacity)
@@ -191,32 +204,38 @@ class SpeculativeEngine:
             k = max(0, min(k, remaining - 1, room - 1))
             fallback = drafter_failure or (policy.reason if k == 0 else None)
 
-            # 3. Draft.
+            # 3. Draft (a chain, or a tree when the drafter returns parents).
             draft_time = 0.0
             draft = Draft(torch.zeros(0, dtype=torch.long), None)
             if k > 0 and drafter is not None:
                 draft_start = time.perf_counter()
                 try:
                     proposed = drafter.propose(context, k, params, generator)
-                    draft = check_draft(proposed, k, info.vocab_size)
+                    draft = fit_to_room(check_draft(proposed, k, info.vocab_size), room - 1)
                 except Exception as exc:  # any drafter failure falls back to plain decoding
                     drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
                     fallback = drafter_failure
                     draft = Draft(torch.zeros(0, dtype=torch.long), None)
                 draft_time = time.perf_counter() - draft_start
 
-            # 4. One target pass over the pending token and the draft.
+            # 4. One target pass over the pending token and the draft (a tree goes in with
+            #    depth positions and an ancestor mask, see spectune.tree).
             target_start = time.perf_counter()
             length_before = cache.length()
             chunk = torch.cat((torch.tensor([context[-1]]), draft.tokens)).view(1, -1)
-            out = target.forward(chunk, cache)
+            if draft.parents is None:
+                out = target.forward(chunk, cache)
+            else:
+                positions, mask = tree_layout(draft.parents, length_before)
+                out = target.forward(chunk, cache, positions=positions[None], chunk_mask=mask[None])
             target_time = time.perf_counter() - target_start
 
             # 5. Verify.
             result = verify_draft(draft, out.logits[0], params, generator)
 
-            # 6. Roll back whatever was rejected; tell the drafter what was committed.
-            cache.truncate(length_before + 1 + result.num_accepted)
+            # 6. Keep the accepted path (a tree's is compacted), drop the rest; tell the
+            #    drafter what was committed.
+            keep_path(cache, 0, length_before, result.path)
             emitted = list(result.tokens)
             context.extend(emitted)
 
@@ -225,7 +244,7 @@ class SpeculativeEngine:
             if finish is None and len(context) >= capacity:
                 finish = "length"  # the context is full
             if drafter is not None and finish is None:
-                hidden = None if out.hidden is None else out.hidden[0, : result.num_accepted + 1]
+                hidden = None if out.hidden is None else out.hidden[0, [0, *result.path]]
                 drafter.commit(
                     context,
                     None if hidden is None else TargetFeatures(length_before, hidden),
@@ -288,8 +307,14 @@ def cut_at_stops(
 def check_draft(draft: Draft, k: int, vocab_size: int) -> Draft:
     """Reject drafts the verifier cannot use; callers fall back on ``DrafterError``."""
     tokens = draft.tokens
-    if tokens.dim() != 1 or tokens.dtype != torch.long or tokens.shape[0] > k:
-        raise DrafterError(f"draft tokens must be a 1-D int64 tensor of at most {k} tokens")
+    if tokens.dim() != 1 or tokens.dtype != torch.long:
+        raise DrafterError("draft tokens must be a 1-D int64 tensor")
+    if draft.parents is None and tokens.shape[0] > k:
+        raise DrafterError(f"a chain draft holds at most {k} tokens, got {tokens.shape[0]}")
+    if draft.parents is not None:
+        check_parents(draft.parents, tokens.shape[0])
+        if tokens.shape[0] and max(tree_depths(draft.parents.tolist())) > k:
+            raise DrafterError(f"a draft tree is at most {k} deep")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise DrafterError("draft token ids outside the target's vocabulary")
     if draft.probs is not None:
@@ -310,10 +335,24 @@ def verify_draft(
     params: SamplingParams,
     generator: torch.Generator,
 ) -> VerifyResult:
-    """Step 5: greedy matching at temperature 0, rejection sampling otherwise."""
+    """Step 5: greedy matching at temperature 0, rejection sampling otherwise; a tree
+    draft (``parents`` set) goes to the multi-branch verifier (``spectune.tree_verify``)."""
     if params.greedy:
+        if draft.parents is not None:
+            return verify_tree_greedy(draft.tokens, draft.parents, target_logits)
         return verify_greedy(draft.tokens, target_logits)
     target_probs = process_logits(target_logits, params)  # [k + 1, vocab]
     if not math.isfinite(float(target_probs.sum())):
         raise FloatingPointError("the target produced non-finite probabilities")
+    if draft.parents is not None:
+        return verify_tree_sampled(
+            draft.tokens, draft.parents, draft.probs, target_probs, generator
+        )
     return verify_sampled(draft.tokens, draft.probs, target_probs, generator)
+
+
+def fit_to_room(draft: Draft, max_nodes: int) -> Draft:
+    """Cut a tree to the slots left in the context (a chain already fits: k <= room - 1)."""
+    if draft.parents is None or len(draft) <= max_nodes:
+        return draft
+    return Draft(*trim_tree(draft.tokens, draft.probs, draft.parents, max_nodes))

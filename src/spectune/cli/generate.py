@@ -9,7 +9,13 @@ from typing import Any
 
 from spectune.cli.common import add_model_args, add_sampling_args, parse_dtype, sampling_from_args
 from spectune.control.base import FixedK
+from spectune.drafters.base import Drafter
+from spectune.drafters.model import ModelDrafter
+from spectune.drafters.tree import TreeDrafter, TreeShape
 from spectune.engine import Generation, SpeculativeEngine, validate_k
+from spectune.errors import InvalidParameterError
+from spectune.models.base import LanguageModel
+from spectune.models.llama import LlamaLM
 from spectune.pairing import load_drafter, load_target
 from spectune.sampling import SamplingParams
 from spectune.textgen import stream_text
@@ -27,6 +33,21 @@ def register(subparsers: Any) -> None:
     add_sampling_args(parser)
     parser.add_argument("-k", "--k", type=int, default=4, help="draft tokens per step")
     parser.add_argument("--compare", action="store_true", help="also decode without speculation")
+    parser.add_argument(
+        "--tree-width",
+        type=int,
+        default=None,
+        help="draft a token tree: children per expanded node (needs a draft model; K = depth)",
+    )
+    parser.add_argument(
+        "--tree-nodes", type=int, default=None, help="node budget of a token tree (default 16)"
+    )
+    parser.add_argument(
+        "--tree-min-prob",
+        type=float,
+        default=0.0,
+        help="expand only tree nodes whose cumulative draft probability reaches this",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
     parser.set_defaults(run=run)
 
@@ -75,12 +96,32 @@ def decode(
     return gen, "".join(text)
 
 
+def tree_drafter(
+    drafter: Drafter | None, target: LanguageModel, args: argparse.Namespace
+) -> TreeDrafter:
+    """Turn a draft model into a tree drafter; trees need masks only the native runtime has."""
+    if not isinstance(drafter, ModelDrafter):
+        raise InvalidParameterError("--tree-width/--tree-nodes need a draft model (--draft)")
+    if not isinstance(target, LlamaLM) or not isinstance(drafter.model, LlamaLM):
+        raise InvalidParameterError(
+            "token trees need the native runtime for target and draft (--runtime native)"
+        )
+    shape = TreeShape(
+        width=args.tree_width if args.tree_width is not None else 2,
+        nodes=args.tree_nodes if args.tree_nodes is not None else 16,
+        min_path_prob=args.tree_min_prob,
+    )
+    return TreeDrafter(drafter.model, shape)
+
+
 def run(args: argparse.Namespace) -> int:
     k = validate_k(args.k)
     params = sampling_from_args(args)
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype=dtype, runtime=args.runtime)
     drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
+    if args.tree_width is not None or args.tree_nodes is not None:
+        drafter = tree_drafter(drafter, target.model, args)
     prompt = prompt_tokens(args, target.tokenizer)
     engine = SpeculativeEngine(target.model, drafter)
     echo = not args.json
