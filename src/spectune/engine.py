@@ -20,10 +20,11 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from spectune.chunked import GroupedVerification, verify_in_groups
 from spectune.control.base import FixedK, KPolicy
 from spectune.drafters.base import Draft, Drafter, TargetFeatures
 from spectune.errors import DrafterError, InvalidParameterError, PromptError
-from spectune.models.base import LanguageModel
+from spectune.models.base import KVCache, LanguageModel
 from spectune.sampling import SamplingParams, process_logits
 from spectune.tree import (
     MAX_TREE_NODES,
@@ -125,9 +126,16 @@ class Generation:
 class SpeculativeEngine:
     """Decodes one request at a time with a target model and an optional drafter."""
 
-    def __init__(self, target: LanguageModel, drafter: Drafter | None = None) -> None:
+    def __init__(
+        self, target: LanguageModel, drafter: Drafter | None = None, *, verify_groups: int = 1
+    ) -> None:
+        """``verify_groups > 1`` verifies chain drafts group by group (``spectune.chunked``);
+        a policy that implements ``GroupedVerification`` chooses per step instead."""
+        if verify_groups < 1:
+            raise InvalidParameterError(f"verify_groups must be >= 1, got {verify_groups}")
         self.target = target
         self.drafter = drafter
+        self.verify_groups = verify_groups
 
     def run(self, prompt: Sequence[int], params: SamplingParams, **kwargs: object) -> Generation:
         """Decode to completion and collect the result (see ``generate`` for arguments)."""
@@ -223,15 +231,29 @@ class SpeculativeEngine:
             target_start = time.perf_counter()
             length_before = cache.length()
             chunk = torch.cat((torch.tensor([context[-1]]), draft.tokens)).view(1, -1)
-            if draft.parents is None:
-                out = target.forward(chunk, cache)
+            groups = 1
+            if draft.parents is None and len(draft) > 1:
+                groups = self._groups(policy, len(draft))
+            if groups > 1:
+                # 4-5. Chunked: one pass per group, each verified as it comes, stopping at
+                #      the first rejection (the same tokens as one pass, spectune.chunked).
+                result, hidden_states = self._verify_chunked(
+                    chunk, cache, draft, groups, params, generator
+                )
+                target_time = time.perf_counter() - target_start
             else:
-                positions, mask = tree_layout(draft.parents, length_before)
-                out = target.forward(chunk, cache, positions=positions[None], chunk_mask=mask[None])
-            target_time = time.perf_counter() - target_start
+                if draft.parents is None:
+                    out = target.forward(chunk, cache)
+                else:
+                    positions, mask = tree_layout(draft.parents, length_before)
+                    out = target.forward(
+                        chunk, cache, positions=positions[None], chunk_mask=mask[None]
+                    )
+                target_time = time.perf_counter() - target_start
+                hidden_states = None if out.hidden is None else out.hidden[0]
 
-            # 5. Verify.
-            result = verify_draft(draft, out.logits[0], params, generator)
+                # 5. Verify.
+                result = verify_draft(draft, out.logits[0], params, generator)
 
             # 6. Keep the accepted path (a tree's is compacted), drop the rest; tell the
             #    drafter what was committed.
@@ -244,7 +266,7 @@ class SpeculativeEngine:
             if finish is None and len(context) >= capacity:
                 finish = "length"  # the context is full
             if drafter is not None and finish is None:
-                hidden = None if out.hidden is None else out.hidden[0, [0, *result.path]]
+                hidden = None if hidden_states is None else hidden_states[[0, *result.path]]
                 drafter.commit(
                     context,
                     None if hidden is None else TargetFeatures(length_before, hidden),
@@ -266,6 +288,32 @@ class SpeculativeEngine:
             if finish is not None:
                 return
             index += 1
+
+    def _groups(self, policy: KPolicy, k: int) -> int:
+        if isinstance(policy, GroupedVerification):
+            return max(1, int(policy.verify_groups(k)))
+        return self.verify_groups
+
+    def _verify_chunked(
+        self,
+        chunk: Tensor,  # [1, k + 1]: the pending token and a chain draft
+        cache: KVCache,
+        draft: Draft,
+        groups: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> tuple[VerifyResult, Tensor | None]:
+        """Returns the verdict and the hidden states of the rows scored ([rows, hidden])."""
+        hidden: list[Tensor] = []
+
+        def score(start: int, end: int) -> Tensor:
+            out = self.target.forward(chunk[:, start:end], cache)
+            if out.hidden is not None:
+                hidden.append(out.hidden[0])
+            return out.logits[0]
+
+        result = verify_in_groups(draft.tokens, draft.probs, score, groups, params, generator)
+        return result, torch.cat(hidden) if hidden else None
 
     def _checked(self, draft: Draft, k: int) -> Draft:
         """Kept for callers of the earlier private API; see ``check_draft``."""
