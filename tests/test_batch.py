@@ -286,3 +286,19 @@ def test_tree_drafts_in_a_batch_equal_alone(
         expected = alone(endless, TreeDrafter(endless_draft, shape), prompt, params, 3, seeds[rid])
         assert tokens_of(got[rid]) == expected, rid
         assert all(r.fallback is None for r in got[rid])
+
+
+@pytest.mark.slow
+def test_batch_greedy_equals_alone_on_the_real_model(smollm2) -> None:  # type: ignore[no-untyped-def]
+    target = smollm2.model
+    draft = perturbed(target, 0.05)  # agrees often, not always (no trained draft needed)
+    questions = ("Name a color.", "What is 2 + 2? Explain briefly.", "Say hi.")
+    prompts = {
+        f"q{i}": smollm2.tokenizer.encode_chat([{"role": "user", "content": q}])
+        for i, q in enumerate(questions)
+    }
+    params = SamplingParams(max_tokens=16)
+    engine = BatchEngine(target, draft, max_batch=3, policy_factory=lambda p: FixedK(3))
+    got = run_batch(engine, {rid: (p, params) for rid, p in prompts.items()})
+    for rid, prompt in prompts.items():
+        assert tokens_of(got[rid]) == alone(target, None, prompt, params, 0), rid

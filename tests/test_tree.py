@@ -267,3 +267,18 @@ def test_width_one_tree_equals_chain_speculation(
         assert [(s.drafted, s.accepted) for s in tree.steps] == [
             (s.drafted, s.accepted) for s in chain.steps
         ]
+
+
+@pytest.mark.slow
+def test_tree_greedy_equals_target_greedy_on_the_real_model(smollm2) -> None:  # type: ignore[no-untyped-def]
+    target = smollm2.model
+    draft = perturbed(target, 0.05)  # agrees often, not always (no trained draft needed)
+    prompt = smollm2.tokenizer.encode_chat([{"role": "user", "content": "List three fruits."}])
+    params = SamplingParams(max_tokens=24)
+    plain = SpeculativeEngine(target).run(prompt, params, policy=FixedK(0)).tokens
+    for shape in (TreeShape(2, 8), TreeShape(3, 16, 0.02)):
+        gen = SpeculativeEngine(target, TreeDrafter(draft, shape)).run(
+            prompt, params, policy=FixedK(4)
+        )
+        assert gen.tokens == plain
+        assert gen.accepted > 0 and all(s.fallback is None for s in gen.steps)

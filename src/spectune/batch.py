@@ -45,6 +45,7 @@ from spectune.batch_draft import (
     forward_rows,
 )
 from spectune.control.base import FixedK, KPolicy
+from spectune.crossover import load_crossover
 from spectune.drafters.base import Draft, Drafter, TargetFeatures
 from spectune.drafters.ngram import NgramDrafter
 from spectune.engine import (
@@ -120,8 +121,9 @@ class BatchEngine:
     ``draft``: a draft ``LanguageModel`` (batched draft passes), ``"ngram"`` (prompt
     lookup), a zero-argument factory of per-sequence ``Drafter`` objects, or None (plain
     decoding). ``capacity``: most tokens one sequence may hold (prompt + output).
-    ``speculate_max_batch``: above this many active sequences every step is plain
-    (None: always speculate); ``spectune experiment batch`` measures the crossover.
+    ``speculate_max_batch``: above this many active sequences every step is plain; None
+    reads the crossover ``spectune experiment batch`` measured for this target on this
+    machine (``spectune.crossover``), and speculates at every size if there is none.
     ``policy_factory`` makes each request's K policy (default: ``FixedK(4)`` with a
     draft, ``FixedK(0)`` without).
     """
@@ -155,6 +157,8 @@ class BatchEngine:
         self.capacity = min(capacity, self.cache.capacity - SLACK)
         if self.capacity < 2:
             raise InvalidParameterError("the target's context is too short to batch")
+        if speculate_max_batch is None:
+            speculate_max_batch = load_crossover(target.info)  # None: never measured
         self.speculate_max_batch = speculate_max_batch
         self.policy_factory = policy_factory
         self.drafter = self._make_drafter(draft)
