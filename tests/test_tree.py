@@ -192,11 +192,10 @@ def test_tree_drafter_commit_compacts_its_own_cache(
     draft = drafter.propose(context, 4, SamplingParams(), None)
     assert draft.parents is not None
     # Accept the deepest path the drafter scored in its last forward, plus one token.
-    parents = draft.parents.tolist()
-    last = drafter._last
+    last = drafter._last  # the grown tree (before the greedy re-rank) and its last chunk
     assert last is not None and last.chunk
-    node = max(last.chunk, key=lambda n: (len(_path(parents, n)), n))
-    accepted = [int(draft.tokens[i]) for i in _path(parents, node)]
+    node = max(last.chunk, key=lambda n: (len(_path(last.parents, n)), n))
+    accepted = [last.tokens[i] for i in _path(last.parents, node)]
     committed = context + accepted + [3]
     drafter.commit(committed, None)
     assert drafter.cache is not None
@@ -282,3 +281,35 @@ def test_tree_greedy_equals_target_greedy_on_the_real_model(smollm2) -> None:  #
         )
         assert gen.tokens == plain
         assert gen.accepted > 0 and all(s.fallback is None for s in gen.steps)
+
+
+def test_greedy_tree_is_reranked_to_the_most_probable_paths(toy_draft: LlamaLM) -> None:
+    """At temperature 0 the tree grows past the budget, then keeps the best paths."""
+    from spectune.tree import check_parents
+
+    drafter = TreeDrafter(toy_draft, TreeShape(width=2, nodes=4))
+    context = [1, 5, 9, 13, 7]
+    draft = drafter.propose(context, 4, SamplingParams(), None)
+    assert draft.parents is not None and draft.probs is not None and len(draft) == 4
+    check_parents(draft.parents, 4)  # ancestor-closed, parents first
+    last = drafter._last
+    assert last is not None and len(last.tokens) > 4  # it grew past the budget
+
+    # Path probabilities of every grown node, from the draft model itself.
+    full = TreeDrafter(toy_draft, TreeShape(width=2, nodes=64))
+    grown = full.propose(context, 4, SamplingParams(), None)
+    assert grown.parents is not None and grown.probs is not None
+
+    def path_probs(d: Draft) -> list[float]:
+        assert d.parents is not None and d.probs is not None
+        probs: list[float] = []
+        for i, parent in enumerate(d.parents.tolist()):
+            own = float(d.probs[i, d.tokens[i]])
+            probs.append(own * (1.0 if parent < 0 else probs[parent]))
+        return probs
+
+    best = sorted(path_probs(grown), reverse=True)[:4]
+    assert sorted(path_probs(draft), reverse=True) == pytest.approx(best)
+    # Sampling never re-ranks: the budget stops the growth.
+    sampled = drafter.propose(context, 4, SamplingParams(temperature=1.0), None)
+    assert len(sampled) <= 4

@@ -9,10 +9,12 @@ draft distribution otherwise (the stochastic top-``width``; the verifier's sibli
 needs exactly this, see ``spectune.tree_verify``).
 
 Dynamic pruning: a node whose cumulative draft probability is below ``min_path_prob`` is
-not expanded, so the tree grows where the draft is confident. Departure from EAGLE-2 on
-purpose: EAGLE-2 also re-ranks all nodes after expansion and drops the least probable;
-dropping a *sampled* child because of its own probability would bias lossless sibling
-verification, so here pruning only ever decides whether a node is expanded.
+not expanded, so the tree grows where the draft is confident. At temperature 0 the tree
+grows past the node budget (up to ``MAX_TREE_NODES``) and is then re-ranked, keeping the
+``nodes`` most probable paths, as EAGLE-2 does; greedy verification is exact for any tree.
+When sampling it is not: dropping a *sampled* child because of its own probability would
+bias lossless sibling verification, so there the budget stops the growth instead, and
+pruning only ever decides whether a node is expanded.
 
 One draft forward per level scores the nodes to be expanded next, with their ancestors,
 under a tree mask (positions = prefix + depth). After the target's verdict, ``commit``
@@ -126,12 +128,15 @@ class TreeDrafter:
         rows: list[Tensor] = []  # [vocab] per node: the distribution it was drawn from
         path_probs: list[float] = []
         frontier: list[tuple[int, Tensor, float]] = [(-1, distribution(self._sync(context)), 1.0)]
+        # Greedy grows past the budget and re-ranks afterwards (EAGLE-2); sampling must not
+        # (see the module docstring), so its budget bounds the growth itself.
+        grow_limit = MAX_TREE_NODES if params.greedy else shape.nodes
         prefix = len(context)
         chunk: list[int] = []
         for depth in range(1, num_tokens + 1):
             new_nodes: list[int] = []
             for parent, dist, path_prob in frontier:
-                room = shape.nodes - len(tokens)
+                room = grow_limit - len(tokens)
                 if room <= 0:
                     break
                 for token in self._children(dist, min(shape.width, room), params, generator):
@@ -140,7 +145,7 @@ class TreeDrafter:
                     parents.append(parent)
                     rows.append(dist)
                     path_probs.append(path_prob * float(dist[token]))
-            if depth == num_tokens or len(tokens) >= shape.nodes:
+            if depth == num_tokens or len(tokens) >= grow_limit:
                 break
             # Which new nodes get expanded next: the ``width`` most probable paths above
             # the threshold. Decided before their children exist (lossless, see above).
@@ -153,10 +158,17 @@ class TreeDrafter:
                 (i, distribution(logits[chunk.index(i)]), path_probs[i]) for i in sorted(expand)
             ]
         self._last = _Tree(prefix, tokens, parents, chunk)
+        keep = list(range(len(tokens)))
+        if len(tokens) > shape.nodes:
+            # The ``nodes`` most probable paths. A child's path probability never exceeds
+            # its parent's and ties go to the lower index (the parent), so the kept set
+            # is ancestor-closed; kept in index order, parents still come first.
+            keep = sorted(sorted(keep, key=lambda i: (-path_probs[i], i))[: shape.nodes])
+        index = {node: i for i, node in enumerate(keep)}
         return Draft(
-            torch.tensor(tokens, dtype=torch.long),
-            torch.stack(rows),
-            torch.tensor(parents, dtype=torch.long),
+            torch.tensor([tokens[i] for i in keep], dtype=torch.long),
+            torch.stack([rows[i] for i in keep]),
+            torch.tensor([index[parents[i]] if parents[i] >= 0 else -1 for i in keep]),
         )
 
     @staticmethod
