@@ -158,7 +158,9 @@ def _batch(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
         "speculate_max_batch": best,
     }
     print(f"crossover: speculation pays up to batch size {best}")
-    if not args.toy and not args.no_save:
+    if setup.stand_in:
+        print("not recorded: toy models or a stand-in draft say nothing about a real draft")
+    elif not args.no_save:
         path = save_crossover(setup.target.info, best, {"k": args.k, "sizes": list(args.sizes)})
         print(f"recorded for BatchEngine in {path}")
         result["saved_to"] = str(path)

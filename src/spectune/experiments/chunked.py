@@ -9,6 +9,7 @@ this machine and where it does not.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,7 +66,7 @@ def chunked_vs_one_pass(
             if group_count > k:
                 continue
             counting = CountingModel(setup.target)
-            counted = Setup(counting, setup.draft, setup.prompts, setup.description)
+            counted = dataclasses.replace(setup, target=counting)
             stats = decode_prompts(
                 counted,
                 f"K={k} groups={group_count}",

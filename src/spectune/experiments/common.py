@@ -43,6 +43,7 @@ class Setup:
     draft: LanguageModel
     prompts: tuple[tuple[str, tuple[int, ...]], ...]  # (prompt id, token ids)
     description: str
+    stand_in: bool = False  # toy models or an untrained stand-in draft: nothing to record
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,14 @@ def load_setup(
         draft = drafter.model
     prompts = load_prompts(split=split, limit_per_category=per_category)
     encoded = tuple((p.id, tuple(p.tokens(target.tokenizer))) for p in prompts)
-    return Setup(target.model, draft, encoded, f"{target.model.info.name} + {draft.info.name}")
+    description = f"{target.model.info.name} + {draft.info.name}"
+    return Setup(
+        target.model,
+        draft,
+        encoded,
+        description,
+        stand_in=draft_ref.startswith(("layers:", "noise:")),
+    )
 
 
 def toy_setup(num_prompts: int = 4) -> Setup:
@@ -191,7 +199,7 @@ def toy_setup(num_prompts: int = 4) -> Setup:
         (f"toy-{i}", tuple(torch.randint(3, 64, (3 + 2 * i,), generator=generator).tolist()))
         for i in range(num_prompts)
     )
-    return Setup(target, draft, prompts, "toy target + perturbed draft")
+    return Setup(target, draft, prompts, "toy target + perturbed draft", stand_in=True)
 
 
 def decode_prompts(
