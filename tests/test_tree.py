@@ -313,3 +313,24 @@ def test_greedy_tree_is_reranked_to_the_most_probable_paths(toy_draft: LlamaLM) 
     # Sampling never re-ranks: the budget stops the growth.
     sampled = drafter.propose(context, 4, SamplingParams(temperature=1.0), None)
     assert len(sampled) <= 4
+
+
+def test_cli_tree_options_need_a_native_draft_model(
+    toy_target: LlamaLM, toy_draft: LlamaLM
+) -> None:
+    import argparse
+
+    from spectune.cli.generate import tree_drafter
+    from spectune.drafters import NgramDrafter
+
+    args = argparse.Namespace(tree_width=3, tree_nodes=None, tree_min_prob=0.0)
+    drafter = tree_drafter(ModelDrafter(toy_draft), toy_target, args)
+    assert drafter.shape == TreeShape(width=3, nodes=16)
+    with pytest.raises(InvalidParameterError, match="draft model"):
+        tree_drafter(NgramDrafter(), toy_target, args)
+    with pytest.raises(InvalidParameterError, match="tree width"):
+        tree_drafter(
+            ModelDrafter(toy_draft),
+            toy_target,
+            argparse.Namespace(tree_width=0, tree_nodes=8, tree_min_prob=0.0),
+        )
