@@ -148,6 +148,7 @@ def test_join_and_leave_mid_run(endless: LlamaLM, endless_draft: LlamaLM) -> Non
     for _ in range(6):
         collect()
     assert engine.active == 2  # "b" finished after 5 tokens and left
+    assert set(engine.request_ids) == {"a", "c"}
     engine.cancel("a")  # row 0 leaves: "c" moves into it
     engine.cancel("a")  # cancelling twice (or an unknown id) is harmless
     engine.cancel("nobody")

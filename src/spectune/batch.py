@@ -189,6 +189,11 @@ class BatchEngine:
     def has_room(self) -> bool:
         return len(self._rows) < self.max_batch
 
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        """The active requests, in row order."""
+        return tuple(seq.request_id for seq in self._rows)
+
     def add(
         self,
         request_id: str,

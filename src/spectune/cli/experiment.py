@@ -65,7 +65,7 @@ def register(subparsers: Any) -> None:
     batch.add_argument("--no-save", action="store_true", help="do not record the crossover")
     chunked = parser.add_argument_group("chunked")
     chunked.add_argument("--ks", type=_ints, default=(4, 8))
-    chunked.add_argument("--groups", type=_ints, default=(2, 4))
+    chunked.add_argument("--groups", type=_ints, default=(2,))
     chunked.add_argument("--temperature", type=float, default=0.0)
     parser.set_defaults(run=run)
 
@@ -112,7 +112,7 @@ def _tree(setup: Setup, args: argparse.Namespace) -> list[dict[str, object]]:
         width=args.width,
         min_path_prob=args.min_path_prob,
         temperatures=args.temperatures,
-        max_tokens=args.max_tokens or 48,
+        max_tokens=args.max_tokens or 32,
     )
     rows = []
     for r in results:
@@ -175,7 +175,7 @@ def _chunked(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
         ks=args.ks,
         groups=args.groups,
         temperature=args.temperature,
-        max_tokens=args.max_tokens or 48,
+        max_tokens=args.max_tokens or 32,
     )
     _table(
         f"Chunked vs one-pass verification ({setup.description})",
