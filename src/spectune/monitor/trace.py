@@ -1,0 +1,143 @@
+"""The JSON-lines step trace (``--trace FILE``) and its reader.
+
+One JSON object per line, told apart by ``event``:
+
+- ``request``  a request begins: ``request`` (its id) and ``info`` (policy name,
+               temperature, drafter, target, baseline tokens/s when known, ...).
+- ``step``     one per engine step: every ``StepRecord`` field (``emitted`` as a list of
+               token ids), ``overhead_time``, ``fallback_kind`` (the reason's kind, see
+               ``spectune.monitor.stats``), and ``policy``: the policy's state after it
+               observed the step (K it will ask next, window acceptance, phases of the
+               fallback checks, ...).
+- ``end``      the request is done: ``summary``, its statistics snapshot.
+
+Readers skip events they do not know, so later versions can add some.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from spectune.control.base import PolicyState
+from spectune.engine import StepRecord
+from spectune.errors import SpectuneError
+from spectune.monitor.stats import StatsSnapshot, fallback_kind
+
+__all__ = ["TraceError", "TraceRequest", "TraceStep", "TraceWriter", "read_trace", "to_json"]
+
+
+class TraceError(SpectuneError):
+    """A trace file is missing, unreadable or not a spectune step trace."""
+
+
+def to_json(value: Any) -> Any:
+    """Dataclasses, mappings and tuples as plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json(v) for v in value]
+    return value
+
+
+class TraceWriter:
+    """Appends trace events to a file (or an open text stream); safe across threads."""
+
+    def __init__(self, target: str | Path | IO[str]) -> None:
+        if isinstance(target, str | Path):
+            try:
+                self._file: IO[str] = open(target, "w", encoding="utf-8")  # noqa: SIM115
+            except OSError as exc:
+                raise TraceError(f"cannot write trace {target}: {exc.strerror}") from exc
+            self._owned = True
+        else:
+            self._file, self._owned = target, False
+        self._lock = threading.Lock()
+
+    def _write(self, event: dict[str, Any]) -> None:
+        line = json.dumps(event, separators=(",", ":"))
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()  # a crash or ^C still leaves every finished step on disk
+
+    def request_started(self, request: str, info: Mapping[str, Any]) -> None:
+        self._write({"event": "request", "request": request, "info": to_json(info)})
+
+    def step(self, request: str, record: StepRecord, policy: PolicyState | None) -> None:
+        event: dict[str, Any] = {"event": "step", "request": request}
+        event.update(to_json(record))
+        event["overhead_time"] = record.step_time - record.draft_time - record.target_time
+        event["fallback_kind"] = fallback_kind(record.fallback)
+        event["policy"] = dict(policy) if policy is not None else None
+        self._write(event)
+
+    def request_finished(self, request: str, summary: StatsSnapshot) -> None:
+        self._write({"event": "end", "request": request, "summary": to_json(summary)})
+
+    def close(self) -> None:
+        if self._owned:
+            self._file.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    record: StepRecord
+    policy: PolicyState | None
+
+
+@dataclass
+class TraceRequest:
+    request: str
+    info: dict[str, Any] = field(default_factory=dict)
+    steps: list[TraceStep] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+
+
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord))
+
+
+def read_trace(path: str | Path) -> list[TraceRequest]:
+    """The requests of a trace, in the order they began; steps in file order."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.readlines()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror}") from exc
+    requests: dict[str, TraceRequest] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+            if not isinstance(event, dict):
+                raise ValueError("not an object")
+            kind = event.get("event")
+            request = requests.setdefault(
+                str(event.get("request")), TraceRequest(str(event.get("request")))
+            )
+            if kind == "request":
+                request.info = dict(event.get("info") or {})
+            elif kind == "step":
+                values = {name: event[name] for name in _RECORD_FIELDS if name in event}
+                values["emitted"] = tuple(int(t) for t in values.get("emitted", ()))
+                request.steps.append(TraceStep(StepRecord(**values), event.get("policy")))
+            elif kind == "end":
+                request.summary = event.get("summary")
+        except (ValueError, TypeError, KeyError) as exc:
+            raise TraceError(f"{path}:{number}: not a spectune trace event ({exc})") from exc
+    if not any(r.steps for r in requests.values()):
+        raise TraceError(f"{path}: no steps in this trace")
+    return list(requests.values())
