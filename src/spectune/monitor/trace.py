@@ -3,7 +3,9 @@
 One JSON object per line, told apart by ``event``:
 
 - ``request``  a request begins: ``request`` (its id) and ``info`` (policy name,
-               temperature, drafter, target, baseline tokens/s when known, ...).
+               temperature, drafter, target, baseline tokens/s when known, ...). A
+               later ``request`` event with the same id adds to its info (``generate
+               --compare`` records the plain-decoding rate it measured after the run).
 - ``step``     one per engine step: every ``StepRecord`` field (``emitted`` as a list of
                token ids), ``overhead_time``, ``fallback_kind`` (the reason's kind, see
                ``spectune.monitor.stats``), and ``policy``: the policy's state after it
@@ -128,8 +130,8 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
             request = requests.setdefault(
                 str(event.get("request")), TraceRequest(str(event.get("request")))
             )
-            if kind == "request":
-                request.info = dict(event.get("info") or {})
+            if kind == "request":  # a repeated one adds to the info (a baseline measured later)
+                request.info.update(event.get("info") or {})
             elif kind == "step":
                 values = {name: event[name] for name in _RECORD_FIELDS if name in event}
                 values["emitted"] = tuple(int(t) for t in values.get("emitted", ()))
