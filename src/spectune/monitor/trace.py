@@ -108,7 +108,37 @@ class TraceRequest:
     summary: dict[str, Any] | None = None
 
 
-_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord))
+_INT_FIELDS = ("index", "k", "drafted", "accepted")
+_TIME_FIELDS = ("draft_time", "target_time", "step_time")
+_TEXT_FIELDS = ("fallback", "finish_reason")
+
+
+def _record(event: dict[str, Any]) -> StepRecord:
+    """A ``StepRecord`` from a step event, its field types checked."""
+    for name in _INT_FIELDS:
+        if not isinstance(event[name], int) or isinstance(event[name], bool):
+            raise ValueError(f"{name} must be an integer")
+    for name in _TIME_FIELDS:
+        if not isinstance(event[name], int | float) or isinstance(event[name], bool):
+            raise ValueError(f"{name} must be a number")
+    for name in _TEXT_FIELDS:
+        if event.get(name) is not None and not isinstance(event[name], str):
+            raise ValueError(f"{name} must be a string or null")
+    emitted = event["emitted"]
+    if not isinstance(emitted, list) or not all(isinstance(t, int) for t in emitted):
+        raise ValueError("emitted must be a list of token ids")
+    return StepRecord(
+        index=event["index"],
+        k=event["k"],
+        drafted=event["drafted"],
+        accepted=event["accepted"],
+        emitted=tuple(emitted),
+        draft_time=float(event["draft_time"]),
+        target_time=float(event["target_time"]),
+        step_time=float(event["step_time"]),
+        fallback=event.get("fallback"),
+        finish_reason=event.get("finish_reason"),
+    )
 
 
 def read_trace(path: str | Path) -> list[TraceRequest]:
@@ -133,12 +163,10 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
             if kind == "request":  # a repeated one adds to the info (a baseline measured later)
                 request.info.update(event.get("info") or {})
             elif kind == "step":
-                values = {name: event[name] for name in _RECORD_FIELDS if name in event}
-                values["emitted"] = tuple(int(t) for t in values.get("emitted", ()))
-                request.steps.append(TraceStep(StepRecord(**values), event.get("policy")))
+                request.steps.append(TraceStep(_record(event), event.get("policy")))
             elif kind == "end":
                 request.summary = event.get("summary")
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError) as exc:  # KeyError: a field is missing
             raise TraceError(f"{path}:{number}: not a spectune trace event ({exc})") from exc
     if not any(r.steps for r in requests.values()):
         raise TraceError(f"{path}: no steps in this trace")
