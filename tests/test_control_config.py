@@ -34,9 +34,10 @@ def test_every_policy_builds_by_name_and_follows_the_protocol() -> None:
         assert isinstance(policy, KPolicy)
         assert policy.next_k() == 4
     assert isinstance(make_policy("fixed"), FixedK)
+    assert make_policy("fixed", {"k": 0}).next_k() == 0  # plain decoding, the baseline
     threshold = make_policy("threshold")
     assert isinstance(threshold, Guarded) and isinstance(threshold.inner, ThresholdK)
-    assert [c.kind for c in threshold.checks] == ["local", "global"]
+    assert [c.kind for c in threshold.checks] == ["global", "local"]
 
 
 def test_the_cost_curve_reaches_the_cost_policy_and_the_global_check() -> None:
@@ -44,7 +45,7 @@ def test_the_cost_curve_reaches_the_cost_policy_and_the_global_check() -> None:
     policy = make_policy("cost", cost_curve=curve)
     assert isinstance(policy, Guarded) and isinstance(policy.inner, CostK)
     assert policy.inner.cost_curve is curve
-    assert policy.checks[1].cost_curve is curve  # type: ignore[attr-defined]
+    assert policy.checks[0].cost_curve is curve  # type: ignore[attr-defined]
 
 
 def test_each_call_builds_fresh_state() -> None:
@@ -84,7 +85,7 @@ def test_policy_file_and_overrides(tmp_path: Path) -> None:
     policy = build_policy(spec, params=SamplingParams())
     assert isinstance(policy, Guarded) and isinstance(policy.inner, ThresholdK)
     assert policy.inner.config.max_k == 6 and policy.next_k() == 3
-    local = policy.checks[0]
+    local = policy.checks[1]
     assert isinstance(local, LocalFallback) and local.config.bad_steps == 6
     assert policy_spec("cost", path).name == "cost"  # --policy beats the file's name
 

@@ -282,3 +282,11 @@ def test_fixed_has_no_checks_unless_asked() -> None:
     assert drive(make_policy("fixed", {"k": 3}), [0.0] * 30) == [3] * 30
     guarded = make_policy("fixed", {"k": 3, "checks": ["local"]})
     assert 0 in drive(guarded, [0.0] * 30)
+
+
+def test_when_both_checks_hold_the_permanent_reason_is_recorded() -> None:
+    policy = make_policy("threshold")
+    useless = ScriptedStep(0.0, draft_time_per_token=0.01, target_time=0.01)
+    trajectory = drive(policy, [useless] * 10)
+    assert trajectory == [4] * 5 + [0] * 5
+    assert (policy.reason or "").startswith("global:")

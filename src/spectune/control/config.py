@@ -5,7 +5,7 @@ fallback checks::
 
     name = "threshold"          # threshold | cost | fixed
     initial_k = 4
-    checks = ["local", "global"]
+    checks = ["global", "local"]
 
     [local]
     bad_steps = 6

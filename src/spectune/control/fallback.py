@@ -267,7 +267,8 @@ class Guarded:
     """A K policy behind fallback checks: K is the policy's, capped by every objection.
 
     The inner policy observes every step (held ones too) so its estimates stay current;
-    the first check that holds K at 0 gives the reason the engine records.
+    the first check (in the given order) that holds K at 0 gives the reason the engine
+    records.
     """
 
     def __init__(self, inner: KPolicy, checks: Sequence[FallbackCheck], *, name: str) -> None:

@@ -2,7 +2,7 @@
 
 One policy instance serves one request (policies own their state); callers build a fresh
 one per request. Every policy except ``fixed`` is wrapped in the fallback checks named by
-the ``checks`` option (default ``["local", "global"]``; ``fixed`` defaults to none, so the
+the ``checks`` option (default ``["global", "local"]``, in that order; ``fixed`` defaults to none, so the
 baselines stay fixed). Options of the checks live in the ``local`` and ``global`` tables.
 """
 
@@ -59,8 +59,9 @@ def _fixed(options: Mapping[str, Any], ctx: _Context) -> KPolicy:
 
 # name -> (builder, default checks)
 _POLICIES: dict[str, tuple[Callable[[Mapping[str, Any], _Context], KPolicy], tuple[str, ...]]] = {
-    "threshold": (_threshold, ("local", "global")),
-    "cost": (_cost, ("local", "global")),
+    # global first: when both hold K at 0, the permanent reason is the one recorded
+    "threshold": (_threshold, ("global", "local")),
+    "cost": (_cost, ("global", "local")),
     "fixed": (_fixed, ()),
 }
 POLICIES = tuple(_POLICIES)
