@@ -2,8 +2,9 @@
 
 One policy instance serves one request (policies own their state); callers build a fresh
 one per request. Every policy except ``fixed`` is wrapped in the fallback checks named by
-the ``checks`` option (default ``["global", "local"]``, in that order; ``fixed`` defaults to none, so the
-baselines stay fixed). Options of the checks live in the ``local`` and ``global`` tables.
+the ``checks`` option (default ``["global", "local"]``, in that order; ``fixed`` defaults
+to none, so the baselines stay fixed). The checks' options live in the ``local`` and
+``global`` tables.
 """
 
 from __future__ import annotations
