@@ -147,7 +147,6 @@ def test_drafter_receives_target_features(toy_target: LlamaLM) -> None:
     # Prefill: hidden states of every prompt token but the pending one.
     assert seen[0] == (4, 0, 3)
     # Later steps: states start at the previous pending token; the new pending has none yet.
-    for (length, start, n), (prev_length, prev_start, prev_n) in zip(seen[1:], seen, strict=False):
+    for (length, start, n), (_, prev_start, prev_n) in zip(seen[1:], seen, strict=False):
         assert start == prev_start + prev_n
         assert start + n == length - 1
-    torch.testing.assert_close(torch.tensor(1.0), torch.tensor(1.0))
