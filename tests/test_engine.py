@@ -6,7 +6,6 @@ import dataclasses
 from collections.abc import Sequence
 
 import pytest
-import torch
 
 from spectune.control.base import FixedK
 from spectune.drafters import FailingDrafter, ModelDrafter, NgramDrafter, ScriptedDrafter
