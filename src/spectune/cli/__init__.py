@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from spectune.cli import generate, report
+from spectune.cli import experiment, generate, report
 from spectune.errors import SpectuneError
 
 __all__ = ["main"]
 
-COMMANDS = (generate, report)
+COMMANDS = (generate, report, experiment)
 
 
 def build_parser() -> argparse.ArgumentParser:
