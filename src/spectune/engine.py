@@ -315,10 +315,6 @@ class SpeculativeEngine:
         result = verify_in_groups(draft.tokens, draft.probs, score, groups, params, generator)
         return result, torch.cat(hidden) if hidden else None
 
-    def _checked(self, draft: Draft, k: int) -> Draft:
-        """Kept for callers of the earlier private API; see ``check_draft``."""
-        return check_draft(draft, k, self.target.info.vocab_size)
-
 
 def cut_at_stops(
     emitted: list[int],
