@@ -4,6 +4,7 @@ on a loopback port, over toy models (a word-level tokenizer with a chat template
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 import time
@@ -13,17 +14,18 @@ import httpx
 import openai
 import pytest
 
-from spectune.drafters.base import Drafter
-from spectune.drafters.model import ModelDrafter
 from spectune.drafters.scripted import FailingDrafter, ScriptedDrafter
 from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
 from spectune.sampling import SamplingParams
 from spectune.server import Limits, create_app
+from spectune.server.engines import DraftSource, EngineSettings
 from spectune.server.service import Service
 from spectune.server.testing import running_server, toy_service, toy_tokenizer
 from spectune.tokenizer import Tokenizer
 
+# The batched engine when it is installed; the sequential one is the reference.
+ENGINE = "batch" if importlib.util.find_spec("spectune.batch") else "sequential"
 LIMITS = Limits(max_body_bytes=4096, max_prompt_tokens=64, max_tokens=300, default_max_tokens=16)
 
 
@@ -37,11 +39,7 @@ def server(
     toy_target: LlamaLM, toy_draft: LlamaLM, tokenizer: Tokenizer
 ) -> Iterator[tuple[str, Service]]:
     service = toy_service(
-        toy_target,
-        tokenizer,
-        drafter_factory=lambda: ModelDrafter(toy_draft),
-        drafter_name="toy-draft",
-        limits=LIMITS,
+        toy_target, tokenizer, draft=DraftSource(model=toy_draft), engine=engine(), limits=LIMITS
     )
     with running_server(create_app(service)) as url:
         yield url, service
@@ -50,6 +48,10 @@ def server(
 @pytest.fixture(scope="module")
 def client(server: tuple[str, Service]) -> openai.OpenAI:
     return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def engine(**settings: int) -> EngineSettings:
+    return EngineSettings(kind=ENGINE, capacity=512, **settings)  # type: ignore[arg-type]
 
 
 def plain_greedy(target: LlamaLM, tokenizer: Tokenizer, prompt: list[int], max_tokens: int) -> str:
@@ -234,7 +236,7 @@ def test_malformed_json_and_oversize_body(server: tuple[str, Service]) -> None:
 
 
 def test_api_key(toy_target: LlamaLM, tokenizer: Tokenizer) -> None:
-    service = toy_service(toy_target, tokenizer, api_key="s3cret", limits=LIMITS)
+    service = toy_service(toy_target, tokenizer, api_key="s3cret", engine=engine(), limits=LIMITS)
     with running_server(create_app(service)) as url:
         for key in ("wrong", "s3cret-but-longer"):
             bad = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
@@ -250,14 +252,19 @@ def test_api_key(toy_target: LlamaLM, tokenizer: Tokenizer) -> None:
 # -- faults ------------------------------------------------------------------------------
 
 
-def slow_drafter(vocab_size: int) -> Callable[[], Drafter]:
+def slow_drafter(vocab_size: int) -> DraftSource:
     """Drafts one fixed token, slowly: requests last long enough to be interrupted."""
-    return lambda: ScriptedDrafter(lambda context, k: [7] * k, vocab_size=vocab_size, delay=0.02)
+    return DraftSource(
+        drafters=lambda: ScriptedDrafter(
+            lambda context, k: [7] * k, vocab_size=vocab_size, delay=0.02
+        ),
+        label="slow",
+    )
 
 
 def test_disconnect_mid_stream_frees_the_row(toy_target: LlamaLM, tokenizer: Tokenizer) -> None:
     service = toy_service(
-        toy_target, tokenizer, drafter_factory=slow_drafter(64), drafter_name="slow", limits=LIMITS
+        toy_target, tokenizer, draft=slow_drafter(64), engine=engine(), limits=LIMITS
     )
     body = {"model": "toy", "prompt": "w1 w2", "max_tokens": 300, "temperature": 0, "stream": True}
     with running_server(create_app(service)) as url:
@@ -286,7 +293,9 @@ def test_disconnect_mid_stream_frees_the_row(toy_target: LlamaLM, tokenizer: Tok
 
 def test_too_many_requests_is_429(toy_target: LlamaLM, tokenizer: Tokenizer) -> None:
     limits = Limits(max_tokens=300, max_requests=1)
-    service = toy_service(toy_target, tokenizer, drafter_factory=slow_drafter(64), limits=limits)
+    service = toy_service(
+        toy_target, tokenizer, draft=slow_drafter(64), engine=engine(), limits=limits
+    )
     body = {"model": "toy", "prompt": "w1", "max_tokens": 300, "stream": True}
     with running_server(create_app(service)) as url:
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as first:
@@ -304,8 +313,8 @@ def test_failing_drafter_falls_back(toy_target: LlamaLM, tokenizer: Tokenizer, m
     service = toy_service(
         toy_target,
         tokenizer,
-        drafter_factory=lambda: FailingDrafter(mode, vocab_size=64, after=1),
-        drafter_name="failing",
+        draft=DraftSource(drafters=lambda: FailingDrafter(mode, vocab_size=64, after=1)),
+        engine=engine(),
         limits=LIMITS,
     )
     with running_server(create_app(service)) as url:
@@ -326,13 +335,12 @@ def test_speculation_off_above_batch_limit(toy_target: LlamaLM, tokenizer: Token
     service = toy_service(
         toy_target,
         tokenizer,
-        drafter_factory=slow_drafter(64),
-        drafter_name="slow",
-        speculate_max_batch=0,  # any batch is too large: never speculate
+        draft=slow_drafter(64),
+        engine=engine(speculate_max_batch=0),  # any batch is too large: never speculate
         limits=LIMITS,
     )
     with running_server(create_app(service)) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         result = client.completions.create(model="toy", prompt="w2", max_tokens=5, temperature=0)
         extra = (result.usage.model_extra or {}) if result.usage else {}
-        assert extra["drafted"] == 0 and extra["fallback_reasons"] == ["batch_size>0"]
+        assert extra["drafted"] == 0 and extra["fallback_reasons"] == ["batch_too_large: 1 > 0"]

@@ -14,7 +14,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,6 +28,7 @@ from spectune.sampling import SamplingParams
 __all__ = [
     "AsyncSink",
     "QueueFull",
+    "RequestPolicies",
     "Scheduler",
     "StepEngine",
     "Submission",
@@ -85,6 +87,31 @@ class Submission:
     policy: KPolicy | None = None  # None: the engine's default policy
 
 
+class RequestPolicies:
+    """A ``policy_factory`` for batch engines whose ``add`` takes no policy.
+
+    The engine calls it inside ``add``; the scheduler (one thread, one ``add`` at a time)
+    names the policy of the request it is about to add with ``choosing``. Requests that
+    name none get ``default(params)``.
+    """
+
+    def __init__(self, default: Callable[[SamplingParams], KPolicy]) -> None:
+        self.default = default
+        self._next: KPolicy | None = None
+
+    def __call__(self, params: SamplingParams) -> KPolicy:
+        policy, self._next = self._next, None
+        return policy if policy is not None else self.default(params)
+
+    @contextmanager
+    def choosing(self, policy: KPolicy) -> Iterator[None]:
+        self._next = policy
+        try:
+            yield
+        finally:
+            self._next = None
+
+
 class QueueFull(Exception):
     """Running plus waiting requests are at the limit; the client should retry later."""
 
@@ -94,6 +121,8 @@ class Scheduler:
 
     ``max_requests`` bounds running plus waiting requests (``submit`` raises ``QueueFull``
     beyond it). ``on_step(batch_size, seconds)`` is called after every step, for metrics.
+    Per-request K policies reach the engine through ``add(policy=...)`` when it takes one,
+    else through ``policies`` (the ``RequestPolicies`` the engine was built with).
     """
 
     def __init__(
@@ -102,12 +131,14 @@ class Scheduler:
         *,
         max_requests: int = 64,
         on_step: Callable[[int, float], None] | None = None,
+        policies: RequestPolicies | None = None,
     ) -> None:
         self.engine = engine
+        self.policies = policies
         self.max_requests = max_requests
         self.on_step = on_step
-        # Per-request K policies need an engine whose ``add`` takes one.
-        self.accepts_policy = "policy" in inspect.signature(engine.add).parameters
+        self._add_takes_policy = "policy" in inspect.signature(engine.add).parameters
+        self.accepts_policy = self._add_takes_policy or policies is not None
         self._wakeup = threading.Condition()
         self._waiting: deque[Submission] = deque()
         self._cancels: set[str] = set()
@@ -193,7 +224,7 @@ class Scheduler:
         if submission.params.seed is not None:
             generator = torch.Generator().manual_seed(submission.params.seed)
         try:
-            if submission.policy is not None:
+            if submission.policy is not None and self._add_takes_policy:
                 self.engine.add(  # type: ignore[call-arg]
                     submission.request_id,
                     submission.prompt,
@@ -201,6 +232,14 @@ class Scheduler:
                     generator=generator,
                     policy=submission.policy,
                 )
+            elif submission.policy is not None and self.policies is not None:
+                with self.policies.choosing(submission.policy):
+                    self.engine.add(
+                        submission.request_id,
+                        submission.prompt,
+                        submission.params,
+                        generator=generator,
+                    )
             else:
                 self.engine.add(
                     submission.request_id, submission.prompt, submission.params, generator=generator

@@ -68,7 +68,7 @@ class BatchGate:
     @property
     def reason(self) -> str | None:
         if self._gated:
-            return f"batch_size>{self.limit}"
+            return f"batch_too_large: {self.batch_size()} > {self.limit}"
         return self.inner.reason
 
 
@@ -87,13 +87,15 @@ class SequentialBatchEngine:
         *,
         max_batch: int = 16,
         speculate_max_batch: int | None = None,
-        policy_factory: Callable[[], KPolicy] | None = None,
+        policy_factory: Callable[[SamplingParams], KPolicy] | None = None,
     ) -> None:
         self.target = target
         self.drafter_factory = drafter_factory
         self.max_batch = max_batch
         self.speculate_max_batch = speculate_max_batch
-        self.policy_factory = policy_factory or (lambda: FixedK(4))
+        self.policy_factory = policy_factory or (
+            lambda params: FixedK(4 if drafter_factory is not None else 0)
+        )
         self._running: dict[str, Iterator[StepRecord]] = {}
 
     @property
@@ -132,7 +134,7 @@ class SequentialBatchEngine:
             )
         drafter = self.drafter_factory() if self.drafter_factory is not None else None
         gate = BatchGate(
-            policy or self.policy_factory(), lambda: self.active, self.speculate_max_batch
+            policy or self.policy_factory(params), lambda: self.active, self.speculate_max_batch
         )
         engine = SpeculativeEngine(self.target, drafter)
         self._running[request_id] = engine.generate(

@@ -24,6 +24,7 @@ from spectune.server.output import Delta, TextAssembler
 from spectune.server.scheduler import (
     AsyncSink,
     QueueFull,
+    RequestPolicies,
     Scheduler,
     StepEngine,
     Submission,
@@ -67,13 +68,17 @@ class Service:
         api_key: str | None = None,
         metrics: ServerMetrics | None = None,
         context_limit: int | None = None,
+        policies: RequestPolicies | None = None,
     ) -> None:
         self.served = served
         self.limits = limits or Limits()
         self.api_key = api_key
         self.metrics = metrics or ServerMetrics()
         self.scheduler = Scheduler(
-            engine, max_requests=self.limits.max_requests, on_step=self.metrics.observe_step
+            engine,
+            max_requests=self.limits.max_requests,
+            on_step=self.metrics.observe_step,
+            policies=policies,
         )
         self.context_limit = context_limit or served.model.info.max_context
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
 
-from spectune.drafters.base import Drafter
+from spectune.control.base import FixedK
 from spectune.models.llama import LlamaLM
+from spectune.server.engines import DraftSource, EngineSettings, build_engine
 from spectune.server.limits import Limits
-from spectune.server.sequential import SequentialBatchEngine
 from spectune.server.service import ServedModel, Service
 from spectune.tokenizer import Tokenizer, load_tokenizer
 
@@ -58,19 +58,25 @@ def toy_service(
     target: LlamaLM,
     tokenizer: Tokenizer,
     *,
-    drafter_factory: Callable[[], Drafter] | None = None,
-    drafter_name: str | None = None,
+    draft: DraftSource | None = None,
+    engine: EngineSettings | None = None,
     limits: Limits | None = None,
     api_key: str | None = None,
-    max_batch: int = 16,
-    speculate_max_batch: int | None = None,
+    default_k: int = 4,
 ) -> Service:
-    """A service over the sequential engine, serving ``target`` as model ``toy``."""
-    engine = SequentialBatchEngine(
-        target, drafter_factory, max_batch=max_batch, speculate_max_batch=speculate_max_batch
+    """A service serving ``target`` as model ``toy`` (fixed K ``default_k`` with a draft)."""
+    draft = draft or DraftSource()
+    speculate = draft.name is not None
+    built, policies, context = build_engine(
+        target,
+        draft,
+        engine or EngineSettings(max_batch=16, capacity=target.info.max_context),
+        lambda params: FixedK(default_k if speculate else 0),
     )
-    served = ServedModel("toy", target, tokenizer, drafter=drafter_name)
-    return Service(served, engine, limits=limits, api_key=api_key)
+    served = ServedModel("toy", target, tokenizer, drafter=draft.name, default_k=default_k)
+    return Service(
+        served, built, limits=limits, api_key=api_key, context_limit=context, policies=policies
+    )
 
 
 @contextmanager
