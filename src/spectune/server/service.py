@@ -45,6 +45,7 @@ class ServedModel:
     tokenizer: Tokenizer
     drafter: str | None = None  # the served drafter's name; None: no speculation
     default_k: int = 4  # K for requests that ask for the 'fixed' policy without a K
+    aliases: tuple[str, ...] = ()  # other names accepted in ``model`` (e.g. "default")
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Service:
     # -- checking a request ---------------------------------------------------------------
 
     def prepare(self, body: CompletionRequest | ChatCompletionRequest) -> Prepared:
-        if body.model != self.served.name:
+        if body.model != self.served.name and body.model not in self.served.aliases:
             raise APIError(
                 404,
                 f"model '{body.model}' is not served here; this server serves '{self.served.name}'",

@@ -1,0 +1,137 @@
+"""``spectune serve``: the OpenAI-compatible HTTP server (see ``spectune.server``).
+
+Binds 127.0.0.1 unless ``--host`` says otherwise; an API key (``--api-key`` or the
+``SPECTUNE_API_KEY`` environment variable) is then strongly advised, and its absence on a
+non-loopback address is warned about.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from typing import Any
+
+from spectune.cli.common import add_model_args, parse_dtype
+from spectune.control.base import FixedK
+from spectune.drafters.model import ModelDrafter
+from spectune.engine import validate_k
+from spectune.errors import InvalidParameterError
+from spectune.pairing import load_drafter, load_target
+from spectune.server.engines import ENGINES, DraftSource, EngineSettings, build_engine
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve an OpenAI-compatible API with speculative decoding"
+    )
+    add_model_args(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("SPECTUNE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $SPECTUNE_API_KEY; none: open)",
+    )
+    parser.add_argument("--served-model-name", help="the model name clients send")
+    parser.add_argument("-k", "--k", type=int, default=4, help="draft tokens per step")
+    parser.add_argument("--engine", choices=ENGINES, default="batch")
+    parser.add_argument("--max-batch", type=int, default=16, help="requests decoded together")
+    parser.add_argument(
+        "--capacity", type=int, default=2048, help="most tokens per request (prompt + output)"
+    )
+    parser.add_argument(
+        "--speculate-max-batch",
+        type=int,
+        default=None,
+        help="no speculation while more requests than this run (measure it with the bench)",
+    )
+    limits = parser.add_argument_group("limits")
+    limits.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    limits.add_argument("--max-prompt-tokens", type=int, default=4096)
+    limits.add_argument("--max-tokens", type=int, default=1024, help="largest max_tokens")
+    limits.add_argument("--default-max-tokens", type=int, default=256)
+    limits.add_argument(
+        "--max-requests", type=int, default=64, help="running + queued; more get a 429"
+    )
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    parser.set_defaults(run=run)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from spectune.server import Limits, ServedModel, Service, create_app
+
+    k = validate_k(args.k)
+    try:
+        limits = Limits(
+            max_body_bytes=args.max_body_bytes,
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_tokens=args.max_tokens,
+            default_max_tokens=min(args.default_max_tokens, args.max_tokens),
+            max_requests=args.max_requests,
+        )
+    except ValueError as exc:
+        raise InvalidParameterError(str(exc)) from exc
+    dtype = parse_dtype(args.dtype)
+    target = load_target(args.target, dtype=dtype, runtime=args.runtime)
+    drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
+    if isinstance(drafter, ModelDrafter):
+        draft = DraftSource(model=drafter.model)
+    else:
+        draft = DraftSource(ngram=drafter is not None)
+    settings = EngineSettings(
+        kind=args.engine,
+        max_batch=args.max_batch,
+        capacity=args.capacity,
+        speculate_max_batch=args.speculate_max_batch,
+    )
+    default_k = k if draft.name is not None else 0
+    engine, policies, context = build_engine(
+        target.model, draft, settings, lambda params: FixedK(default_k)
+    )
+    # The file or folder name reads better than GGUF metadata names (which hold spaces).
+    path = target.path
+    name = args.served_model_name or (path.stem if path.is_file() else path.name)
+    served = ServedModel(
+        name,
+        target.model,
+        target.tokenizer,
+        drafter=draft.name,
+        default_k=k,
+        aliases=(args.target, target.model.info.name),
+    )
+    service = Service(
+        served,
+        engine,
+        limits=limits,
+        api_key=args.api_key or None,
+        context_limit=context,
+        policies=policies,
+    )
+    if not args.api_key and not _is_loopback(args.host):
+        print(
+            f"spectune: warning: serving on {args.host} without an API key; anyone who can "
+            "reach it can use it (set --api-key or SPECTUNE_API_KEY)",
+            file=sys.stderr,
+        )
+    print(
+        f"spectune: serving '{name}' (drafter {draft.name or 'none'}, K {k}, engine "
+        f"{args.engine}) at http://{args.host}:{args.port}/v1",
+        file=sys.stderr,
+    )
+    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
