@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from spectune.cli import generate, serve
+from spectune.cli import export, generate, serve
 from spectune.errors import SpectuneError
 
 __all__ = ["main"]
 
-COMMANDS = (generate, serve)
+COMMANDS = (generate, serve, export)
 
 
 def build_parser() -> argparse.ArgumentParser:
