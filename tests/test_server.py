@@ -344,3 +344,10 @@ def test_speculation_off_above_batch_limit(toy_target: LlamaLM, tokenizer: Token
         result = client.completions.create(model="toy", prompt="w2", max_tokens=5, temperature=0)
         extra = (result.usage.model_extra or {}) if result.usage else {}
         assert extra["drafted"] == 0 and extra["fallback_reasons"] == ["batch_too_large: 1 > 0"]
+
+
+def test_extreme_but_valid_sampling_values(client: openai.OpenAI) -> None:
+    """Found by the fuzzer: a temperature or top_p that underflows must still decode."""
+    for options in ({"temperature": 1e-300}, {"temperature": 1.0, "top_p": 5e-324}):
+        result = client.completions.create(model="toy", prompt="w1", max_tokens=4, **options)
+        assert result.choices[0].finish_reason in ("length", "stop")

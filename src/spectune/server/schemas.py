@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictStr,
+)
 
 __all__ = [
     "ChatCompletionRequest",
@@ -23,7 +31,20 @@ __all__ = [
     "Usage",
 ]
 
-Number = StrictFloat | StrictInt
+
+def _json_integer(value: object) -> object:
+    """JSON Schema counts 2.0 as an integer; strings and booleans are never numbers here."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool | str):
+        raise ValueError("Input should be a valid integer")
+    return value
+
+
+# An integer as JSON Schema defines it (2 and 2.0, never "2" or true).
+Integer = Annotated[int, BeforeValidator(_json_integer)]
+# StrictFloat takes JSON integers too, but never strings or booleans.
+Number = StrictFloat
 StopField = Annotated[StrictStr, Field(min_length=1, max_length=256)]
 MAX_SEED = 2**63 - 1
 
@@ -41,7 +62,7 @@ class SpectuneOptions(_Body):
     policy: Literal["fixed"] | None = Field(
         default=None, description="K policy ('fixed' with k); default: the server's"
     )
-    k: Annotated[StrictInt, Field(ge=0, le=32)] | None = Field(
+    k: Annotated[Integer, Field(ge=0, le=32)] | None = Field(
         default=None, description="draft tokens per step (0 = no speculation)"
     )
     off: StrictBool = Field(default=False, description="decode without speculation")
@@ -53,14 +74,14 @@ class StreamOptions(_Body):
 
 class _Sampling(_Body):
     model: StrictStr
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_tokens: Annotated[Integer, Field(ge=1)] | None = None
     temperature: Annotated[Number, Field(ge=0, le=2)] | None = None
     top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[StrictInt, Field(ge=0)] | None = Field(
+    top_k: Annotated[Integer, Field(ge=0)] | None = Field(
         default=None, description="extension (as vLLM): sample among the k likeliest tokens"
     )
     stop: StopField | Annotated[list[StopField], Field(max_length=4)] | None = None
-    seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] | None = None
+    seed: Annotated[Integer, Field(ge=0, le=MAX_SEED)] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = Field(default=1, description="only 1 is supported")
@@ -84,7 +105,7 @@ class CompletionRequest(_Sampling):
 
     prompt: (
         Annotated[StrictStr, Field(min_length=1)]
-        | Annotated[list[StrictInt], Field(min_length=1)]
+        | Annotated[list[Integer], Field(min_length=1)]
         | Annotated[
             list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1, max_length=1)
         ]
@@ -114,7 +135,7 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``: messages, through the model's chat template."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[Integer, Field(ge=1)] | None = None
     logprobs: Literal[False] | None = Field(default=None, description="not supported")
 
 

@@ -36,6 +36,7 @@ from spectune.tokenizer import Tokenizer
 __all__ = ["Prepared", "ServedModel", "Service"]
 
 DISCONNECT_POLL_SECONDS = 0.25
+GREEDY_BELOW = 1e-5  # temperatures under this decode greedily
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,13 @@ class Service:
                 param="prompt" if isinstance(body, CompletionRequest) else "messages",
                 code="prompt_too_long",
             )
+        temperature = 1.0 if body.temperature is None else float(body.temperature)
+        if temperature < GREEDY_BELOW:
+            # The limit of sampling as the temperature falls is the argmax; a temperature
+            # this small would only overflow the scaled logits (vLLM draws the same line).
+            temperature = 0.0
         params = SamplingParams(
-            temperature=1.0 if body.temperature is None else float(body.temperature),
+            temperature=temperature,
             top_k=body.top_k or 0,
             top_p=1.0 if body.top_p is None else float(body.top_p),
             max_tokens=self._max_tokens(body, len(prompt)),
