@@ -57,6 +57,9 @@ def register(subparsers: Any) -> None:
     limits.add_argument(
         "--max-requests", type=int, default=64, help="running + queued; more get a 429"
     )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
     parser.set_defaults(run=run)
 
@@ -76,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
     from spectune.server import Limits, ServedModel, Service, create_app
 
     k = validate_k(args.k)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidParameterError("--threads must be >= 1")
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         limits = Limits(
             max_body_bytes=args.max_body_bytes,
