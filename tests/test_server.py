@@ -175,8 +175,8 @@ def test_metrics_endpoint(client: openai.OpenAI, server: tuple[str, Service]) ->
     client.completions.create(model="toy", prompt="w1", max_tokens=4, temperature=0)
     text = httpx.get(server[0] + "/metrics").text
     for name in (
-        "spectune_draft_tokens_total",
-        "spectune_accepted_tokens_total",
+        "spectune_spec_decode_num_draft_tokens_total",
+        "spectune_spec_decode_num_accepted_tokens_total",
         "spectune_requests_total",
         "spectune_batch_size_bucket",
     ):
@@ -328,7 +328,10 @@ def test_failing_drafter_falls_back(toy_target: LlamaLM, tokenizer: Tokenizer, m
         extra = (result.usage.model_extra or {}) if result.usage else {}
         assert extra["fallbacks"] > 0
         assert any("drafter_error" in r for r in extra["fallback_reasons"])
-        assert "spectune_fallback_steps_total" in httpx.get(url + "/metrics").text
+        metrics = httpx.get(url + "/metrics").text
+        line = 'spectune_spec_decode_fallback_steps_total{kind="drafter_error"} '
+        counted = [float(x[len(line) :]) for x in metrics.splitlines() if x.startswith(line)]
+        assert counted == [extra["fallbacks"]]
 
 
 def test_speculation_off_above_batch_limit(toy_target: LlamaLM, tokenizer: Tokenizer) -> None:
@@ -351,3 +354,19 @@ def test_extreme_but_valid_sampling_values(client: openai.OpenAI) -> None:
     for options in ({"temperature": 1e-300}, {"temperature": 1.0, "top_p": 5e-324}):
         result = client.completions.create(model="toy", prompt="w1", max_tokens=4, **options)
         assert result.choices[0].finish_reason in ("length", "stop")
+
+
+def test_policy_by_name(client: openai.OpenAI) -> None:
+    for policy in ("threshold", "cost", "fixed"):
+        result = client.completions.create(
+            model="toy",
+            prompt="w4",
+            max_tokens=8,
+            temperature=0,
+            extra_body={"spectune": {"policy": policy, "k": 3}},
+        )
+        assert result.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(
+            model="toy", prompt="w4", max_tokens=8, extra_body={"spectune": {"policy": "magic"}}
+        )

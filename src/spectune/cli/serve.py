@@ -14,11 +14,15 @@ import sys
 from typing import Any
 
 from spectune.cli.common import add_model_args, parse_dtype
-from spectune.control.base import FixedK
+from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
+from spectune.control.base import FixedK, KPolicy
+from spectune.control.registry import build_policy
 from spectune.drafters.model import ModelDrafter
-from spectune.engine import validate_k
 from spectune.errors import InvalidParameterError
+from spectune.monitor.hub import Monitor
+from spectune.monitor.trace import TraceWriter
 from spectune.pairing import load_drafter, load_target
+from spectune.sampling import SamplingParams
 from spectune.server.engines import ENGINES, DraftSource, EngineSettings, build_engine
 
 __all__ = ["register"]
@@ -37,7 +41,14 @@ def register(subparsers: Any) -> None:
         help="require 'Authorization: Bearer KEY' (default: $SPECTUNE_API_KEY; none: open)",
     )
     parser.add_argument("--served-model-name", help="the model name clients send")
-    parser.add_argument("-k", "--k", type=int, default=4, help="draft tokens per step")
+    parser.add_argument(
+        "-k",
+        "--k",
+        type=int,
+        default=None,
+        help="draft tokens per step: fixed K for --policy fixed, else the initial K (4)",
+    )
+    add_policy_args(parser)
     parser.add_argument("--engine", choices=ENGINES, default="batch")
     parser.add_argument("--max-batch", type=int, default=16, help="requests decoded together")
     parser.add_argument(
@@ -77,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from spectune.server import Limits, ServedModel, Service, create_app
+    from spectune.server.metrics import ServerMetrics
 
-    k = validate_k(args.k)
+    spec = policy_spec_from_args(args)
+    build_policy(spec)  # checks the options before loading models
     if args.threads is not None:
         if args.threads < 1:
             raise InvalidParameterError("--threads must be >= 1")
@@ -108,10 +121,13 @@ def run(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         speculate_max_batch=args.speculate_max_batch,
     )
-    default_k = k if draft.name is not None else 0
-    engine, policies, context = build_engine(
-        target.model, draft, settings, lambda params: FixedK(default_k)
-    )
+
+    def default_policy(params: SamplingParams) -> KPolicy:
+        if draft.name is None:
+            return FixedK(0)
+        return build_policy(spec, params=params)
+
+    engine, policies, context = build_engine(target.model, draft, settings, default_policy)
     # The file or folder name reads better than GGUF metadata names (which hold spaces).
     path = target.path
     name = args.served_model_name or (path.stem if path.is_file() else path.name)
@@ -120,9 +136,10 @@ def run(args: argparse.Namespace) -> int:
         target.model,
         target.tokenizer,
         drafter=draft.name,
-        default_k=k,
         aliases=(args.target, target.model.info.name),
     )
+    metrics = ServerMetrics()
+    trace = TraceWriter(args.trace) if args.trace else None
     service = Service(
         served,
         engine,
@@ -130,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         context_limit=context,
         policies=policies,
+        monitor=Monitor(registry=metrics.registry, trace=trace),
+        metrics=metrics,
     )
     if not args.api_key and not _is_loopback(args.host):
         print(
@@ -138,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(
-        f"spectune: serving '{name}' (drafter {draft.name or 'none'}, K {k}, engine "
+        f"spectune: serving '{name}' (drafter {draft.name or 'none'}, policy {spec.name}, engine "
         f"{args.engine}) at http://{args.host}:{args.port}/v1",
         file=sys.stderr,
     )

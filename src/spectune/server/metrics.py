@@ -1,8 +1,10 @@
 """The server's Prometheus metrics, in a registry the app owns (never the global one).
 
-Plain counters and histograms, as vLLM does: rates (acceptance, tokens per second) are
-derived by the scraper, e.g. ``rate(spectune_accepted_tokens_total[1m]) /
-rate(spectune_draft_tokens_total[1m])``.
+HTTP and scheduling here (requests by status, latency, time to first token, batch sizes,
+running and waiting requests); the speculation metrics (``spectune_spec_decode_*``:
+drafted, accepted, per position, fallbacks, rates) come from ``spectune.monitor`` on the
+same registry. Plain counters and histograms, as vLLM does: rates are derived by the
+scraper or by the monitor's gauges.
 """
 
 from __future__ import annotations
@@ -40,13 +42,6 @@ class ServerMetrics:
         self.completion_tokens = Counter(
             "spectune_completion_tokens", "generated tokens", registry=r
         )
-        self.draft_tokens = Counter("spectune_draft_tokens", "draft tokens proposed", registry=r)
-        self.accepted_tokens = Counter(
-            "spectune_accepted_tokens", "draft tokens accepted by the target", registry=r
-        )
-        self.fallback_steps = Counter(
-            "spectune_fallback_steps", "steps run without speculation by a fallback", registry=r
-        )
         self.cancelled = Counter(
             "spectune_cancelled_requests", "requests cancelled (client gone)", registry=r
         )
@@ -74,6 +69,3 @@ class ServerMetrics:
     def observe_request(self, prompt_tokens: int, usage: SpeculationUsage) -> None:
         self.prompt_tokens.inc(prompt_tokens)
         self.completion_tokens.inc(usage.completion_tokens)
-        self.draft_tokens.inc(usage.drafted)
-        self.accepted_tokens.inc(usage.accepted)
-        self.fallback_steps.inc(usage.fallbacks)

@@ -20,6 +20,9 @@ from pydantic import (
     StrictStr,
 )
 
+from spectune.control.registry import POLICIES
+from spectune.engine import MAX_K
+
 __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
@@ -59,11 +62,12 @@ class SpectuneOptions(_Body):
     drafter: StrictStr | None = Field(
         default=None, description="the served drafter's name, or 'none' for no speculation"
     )
-    policy: Literal["fixed"] | None = Field(
-        default=None, description="K policy ('fixed' with k); default: the server's"
+    policy: Literal[POLICIES] | None = Field(  # type: ignore[valid-type]
+        default=None, description="K policy for this request (default: the server's)"
     )
-    k: Annotated[Integer, Field(ge=0, le=32)] | None = Field(
-        default=None, description="draft tokens per step (0 = no speculation)"
+    k: Annotated[Integer, Field(ge=0, le=MAX_K)] | None = Field(
+        default=None,
+        description="fixed K without a policy, else the policy's (initial) K; 0 = no speculation",
     )
     off: StrictBool = Field(default=False, description="decode without speculation")
 

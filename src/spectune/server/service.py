@@ -14,8 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from spectune.control.base import FixedK, KPolicy
+from spectune.control.registry import make_policy
 from spectune.errors import SpectuneError
 from spectune.models.base import LanguageModel
+from spectune.monitor.hub import Monitor
 from spectune.sampling import SamplingParams
 from spectune.server.errors import APIError
 from spectune.server.limits import Limits
@@ -45,7 +47,6 @@ class ServedModel:
     model: LanguageModel
     tokenizer: Tokenizer
     drafter: str | None = None  # the served drafter's name; None: no speculation
-    default_k: int = 4  # K for requests that ask for the 'fixed' policy without a K
     aliases: tuple[str, ...] = ()  # other names accepted in ``model`` (e.g. "default")
 
 
@@ -71,11 +72,14 @@ class Service:
         metrics: ServerMetrics | None = None,
         context_limit: int | None = None,
         policies: RequestPolicies | None = None,
+        monitor: Monitor | None = None,
     ) -> None:
         self.served = served
         self.limits = limits or Limits()
         self.api_key = api_key
         self.metrics = metrics or ServerMetrics()
+        # Speculation statistics (``spectune_spec_decode_*``) on the same registry.
+        self.monitor = monitor or Monitor(registry=self.metrics.registry)
         self.scheduler = Scheduler(
             engine,
             max_requests=self.limits.max_requests,
@@ -119,7 +123,7 @@ class Service:
         return Prepared(
             prompt=tuple(prompt),
             params=params,
-            policy=self._policy(body.spectune),
+            policy=self._policy(body.spectune, params),
             stream=body.stream,
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
         )
@@ -184,7 +188,12 @@ class Service:
             )
         return asked
 
-    def _policy(self, options: SpectuneOptions | None) -> KPolicy | None:
+    def _policy(self, options: SpectuneOptions | None, params: SamplingParams) -> KPolicy | None:
+        """The request's own K policy, or None for the server's default.
+
+        ``off``, ``drafter: "none"`` or ``k: 0`` turn speculation off; a ``policy`` is built
+        by name (``k`` is then its fixed or initial K); ``k`` alone means a fixed K.
+        """
         if options is None:
             return None
         served = self.served.drafter
@@ -196,12 +205,18 @@ class Service:
                 param="spectune.drafter",
                 code="unknown_drafter",
             )
-        if options.off or options.drafter == "none" or served is None:
-            policy: KPolicy | None = FixedK(0)
+        policy: KPolicy | None
+        if options.off or options.drafter == "none" or served is None or options.k == 0:
+            policy = FixedK(0)
+        elif options.policy is not None:
+            config = (
+                {}
+                if options.k is None
+                else {"k" if options.policy == "fixed" else "initial_k": options.k}
+            )
+            policy = make_policy(options.policy, config, params=params)
         elif options.k is not None:
             policy = FixedK(options.k)
-        elif options.policy == "fixed":
-            policy = FixedK(self.served.default_k)
         else:
             policy = None
         if policy is not None and not self.scheduler.accepts_policy:
@@ -240,6 +255,7 @@ class Service:
                 type="rate_limit_error",
                 code="too_many_requests",
             ) from exc
+        watch = self.monitor.request(policy=prepared.policy, request_id=request_id)
         engine_done = False
         finished = False
         try:
@@ -247,6 +263,7 @@ class Service:
                 update = await self._next(sink, is_disconnected)
                 if update is None:
                     break  # the client is gone
+                watch.observe(update.record)
                 delta = assembler.push(update.record)
                 engine_done = update.record.finish_reason is not None
                 finished = delta.finish_reason is not None
@@ -254,6 +271,7 @@ class Service:
                 if finished:
                     break
         finally:
+            watch.finish()
             if not engine_done:
                 self.scheduler.cancel(request_id)
                 if not finished:

@@ -73,7 +73,7 @@ def toy_service(
         engine or EngineSettings(max_batch=16, capacity=target.info.max_context),
         lambda params: FixedK(default_k if speculate else 0),
     )
-    served = ServedModel("toy", target, tokenizer, drafter=draft.name, default_k=default_k)
+    served = ServedModel("toy", target, tokenizer, drafter=draft.name)
     return Service(
         served, built, limits=limits, api_key=api_key, context_limit=context, policies=policies
     )
