@@ -20,7 +20,8 @@ from spectune.models.llama import LlamaLM
 from spectune.sampling import SamplingParams
 from spectune.server import Limits, create_app
 from spectune.server.engines import DraftSource, EngineSettings
-from spectune.server.service import Service
+from spectune.server.sequential import SequenceUpdate, SequentialBatchEngine
+from spectune.server.service import ServedModel, Service
 from spectune.server.testing import running_server, toy_service, toy_tokenizer
 from spectune.tokenizer import Tokenizer
 
@@ -370,3 +371,31 @@ def test_policy_by_name(client: openai.OpenAI) -> None:
         client.completions.create(
             model="toy", prompt="w4", max_tokens=8, extra_body={"spectune": {"policy": "magic"}}
         )
+
+
+class StepFailsOnce(SequentialBatchEngine):
+    """An engine whose first step fails outright (not per request): the batch is lost."""
+
+    def __init__(self, target: LlamaLM) -> None:
+        super().__init__(target)
+        self.failed = False
+
+    def step(self) -> list[SequenceUpdate]:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("the accelerator fell over")
+        return super().step()
+
+
+def test_engine_failure_fails_the_batch_not_the_server(
+    toy_target: LlamaLM, tokenizer: Tokenizer
+) -> None:
+    engine = StepFailsOnce(toy_target)
+    service = Service(ServedModel("toy", toy_target, tokenizer), engine, limits=LIMITS)
+    with running_server(create_app(service)) as url:
+        body = {"model": "toy", "prompt": "w1", "max_tokens": 4, "temperature": 0}
+        failed = httpx.post(url + "/v1/completions", json=body)
+        assert failed.status_code == 500 and error_of(failed)["type"] == "server_error"
+        assert engine.active == 0  # its row was freed
+        assert httpx.post(url + "/v1/completions", json=body).status_code == 200
+        assert httpx.get(url + "/health").json()["status"] == "ok"

@@ -238,10 +238,15 @@ def build_router() -> APIRouter:
             ],
         }
 
-    @router.get("/health")
-    async def health(request: Request) -> dict[str, Any]:
+    @router.get("/health", responses={503: {"description": "the scheduler has stopped"}})
+    async def health(request: Request) -> JSONResponse:
         scheduler = _service(request).scheduler
-        return {"status": "ok", "running": scheduler.running, "waiting": scheduler.waiting}
+        body = {
+            "status": "ok" if scheduler.alive else "stopped",
+            "running": scheduler.running,
+            "waiting": scheduler.waiting,
+        }
+        return JSONResponse(body, status_code=200 if scheduler.alive else 503)
 
     @router.get("/metrics", dependencies=authorized, responses=ERROR_RESPONSES)
     async def metrics(request: Request) -> Response:

@@ -199,25 +199,49 @@ class Scheduler:
                 cancels, self._cancels = self._cancels, set()
                 # Cancelled requests that never started leave the queue here.
                 self._waiting = deque(s for s in self._waiting if s.request_id not in cancels)
-            # 1. Cancellations free their rows before new requests take them.
-            for request_id in cancels:
-                if self._sinks.pop(request_id, None) is not None:
-                    self.engine.cancel(request_id)
-            self._running = len(self._sinks)
-            # 2. Admissions, oldest first, while the batch has room.
-            while self.engine.has_room:
-                with self._wakeup:
-                    if not self._waiting:
-                        break
-                    submission = self._waiting.popleft()
-                    self._running += 1  # keeps submit's count exact while it is being added
-                self._admit(submission)
-                self._running = len(self._sinks)
-            # 3. One step over the running batch.
-            if self._sinks:
-                self._step()
-            self._running = len(self._sinks)
+            try:
+                self._iteration(cancels)
+            except Exception as exc:
+                # A bug here must not leave requests waiting forever on a dead thread:
+                # fail the running ones, free their rows and keep serving.
+                log.exception("scheduler iteration failed; failing the running requests")
+                self._fail_running(exc)
         self._shutdown()
+
+    def _iteration(self, cancels: set[str]) -> None:
+        # 1. Cancellations free their rows before new requests take them.
+        for request_id in cancels:
+            if self._sinks.pop(request_id, None) is not None:
+                self.engine.cancel(request_id)
+        self._running = len(self._sinks)
+        # 2. Admissions, oldest first, while the batch has room.
+        while self.engine.has_room:
+            with self._wakeup:
+                if not self._waiting:
+                    break
+                submission = self._waiting.popleft()
+                self._running += 1  # keeps submit's count exact while it is being added
+            self._admit(submission)
+            self._running = len(self._sinks)
+        # 3. One step over the running batch.
+        if self._sinks:
+            self._step()
+        self._running = len(self._sinks)
+
+    def _fail_running(self, error: BaseException) -> None:
+        for request_id, sink in list(self._sinks.items()):
+            try:
+                self.engine.cancel(request_id)
+            except Exception:  # the engine is already in trouble; the row is lost either way
+                log.exception("cancelling %s failed", request_id)
+            sink.fail(error)
+        self._sinks.clear()
+        self._running = 0
+
+    @property
+    def alive(self) -> bool:
+        """The scheduler thread is running (what ``/health`` reports)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def _admit(self, submission: Submission) -> None:
         generator = None
@@ -284,10 +308,7 @@ class Scheduler:
 
     def _shutdown(self) -> None:
         error = RuntimeError("the server is shutting down")
-        for request_id, sink in list(self._sinks.items()):
-            self.engine.cancel(request_id)
-            sink.fail(error)
-        self._sinks.clear()
+        self._fail_running(error)
         with self._wakeup:
             waiting, self._waiting = self._waiting, deque()
         for submission in waiting:
