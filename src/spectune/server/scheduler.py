@@ -290,6 +290,7 @@ class Scheduler:
             else:
                 log.exception("batch step failed; failing %d running requests", batch_size)
                 failures = dict.fromkeys(self._sinks, exc)
+                updates = []
                 for request_id in failures:
                     self.engine.cancel(request_id)
         if self.on_step is not None:
