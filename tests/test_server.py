@@ -388,7 +388,7 @@ class StepFailsOnce(SequentialBatchEngine):
 
 
 def test_engine_failure_fails_the_batch_not_the_server(
-    toy_target: LlamaLM, tokenizer: Tokenizer
+    toy_target: LlamaLM, tokenizer: Tokenizer, caplog: pytest.LogCaptureFixture
 ) -> None:
     engine = StepFailsOnce(toy_target)
     service = Service(ServedModel("toy", toy_target, tokenizer), engine, limits=LIMITS)
@@ -399,3 +399,6 @@ def test_engine_failure_fails_the_batch_not_the_server(
         assert engine.active == 0  # its row was freed
         assert httpx.post(url + "/v1/completions", json=body).status_code == 200
         assert httpx.get(url + "/health").json()["status"] == "ok"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("batch step failed" in m for m in messages)
+    assert not any("iteration failed" in m for m in messages)  # handled where it belongs
