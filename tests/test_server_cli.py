@@ -57,5 +57,7 @@ def test_serve_warns_without_a_key_off_loopback(
 def test_serve_rejects_bad_settings(captured: dict[str, Any]) -> None:
     assert main(["serve", "--max-tokens", "0"]) == 2
     assert main(["serve", "--threads", "0"]) == 2
+    assert main(["serve", "--max-batch", "0"]) == 2
+    assert main(["serve", "--speculate-max-batch", "-1"]) == 2
     assert main(["serve", "--policy", "fixed", "-k", "99"]) == 2
     assert "app" not in captured

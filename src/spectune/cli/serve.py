@@ -108,6 +108,12 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise InvalidParameterError(str(exc)) from exc
+    settings = EngineSettings(
+        kind=args.engine,
+        max_batch=args.max_batch,
+        capacity=args.capacity,
+        speculate_max_batch=args.speculate_max_batch,
+    )
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype=dtype, runtime=args.runtime)
     drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
@@ -115,12 +121,6 @@ def run(args: argparse.Namespace) -> int:
         draft = DraftSource(model=drafter.model)
     else:
         draft = DraftSource(ngram=drafter is not None)
-    settings = EngineSettings(
-        kind=args.engine,
-        max_batch=args.max_batch,
-        capacity=args.capacity,
-        speculate_max_batch=args.speculate_max_batch,
-    )
 
     def default_policy(params: SamplingParams) -> KPolicy:
         if draft.name is None:

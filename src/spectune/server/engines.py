@@ -69,6 +69,16 @@ class EngineSettings:
     capacity: int = 2048  # most tokens per sequence (prompt + output)
     speculate_max_batch: int | None = None  # above this many running requests: no drafts
 
+    def __post_init__(self) -> None:
+        if self.kind not in ENGINES:
+            raise InvalidParameterError(f"engine must be one of {', '.join(ENGINES)}")
+        if self.max_batch < 1:
+            raise InvalidParameterError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.capacity < 2:
+            raise InvalidParameterError(f"capacity must be >= 2 tokens, got {self.capacity}")
+        if self.speculate_max_batch is not None and self.speculate_max_batch < 0:
+            raise InvalidParameterError("speculate_max_batch must be >= 0")
+
 
 def build_engine(
     target: LanguageModel,
@@ -88,8 +98,6 @@ def build_engine(
             policy_factory=policies,
         )
         return engine, policies, context
-    if settings.kind != "batch":
-        raise InvalidParameterError(f"engine must be one of {', '.join(ENGINES)}")
     batch: Any = importlib.import_module("spectune.batch")
     batched: StepEngine = batch.BatchEngine(
         target,
