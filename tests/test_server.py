@@ -174,6 +174,8 @@ def test_spectune_extension(client: openai.OpenAI) -> None:
 
 def test_metrics_endpoint(client: openai.OpenAI, server: tuple[str, Service]) -> None:
     client.completions.create(model="toy", prompt="w1", max_tokens=4, temperature=0)
+    list(client.completions.create(model="toy", prompt="w1", max_tokens=4, stream=True))
+    assert server[1].metrics.cancelled._value.get() == 0  # type: ignore[attr-defined]
     text = httpx.get(server[0] + "/metrics").text
     for name in (
         "spectune_spec_decode_num_draft_tokens_total",

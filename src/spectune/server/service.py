@@ -8,7 +8,6 @@ bad request is refused with a 4xx and never reaches the engine.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -256,26 +255,32 @@ class Service:
                 code="too_many_requests",
             ) from exc
         watch = self.monitor.request(policy=prepared.policy, request_id=request_id)
-        engine_done = False
-        finished = False
+        engine_done = False  # the engine finished the request and freed its row itself
+        client_gone = False
+        finished = False  # the last delta (with its finish reason) was handed out
         try:
             while True:
                 update = await self._next(sink, is_disconnected)
                 if update is None:
-                    break  # the client is gone
+                    client_gone = True
+                    break
                 watch.observe(update.record)
                 delta = assembler.push(update.record)
                 engine_done = update.record.finish_reason is not None
                 finished = delta.finish_reason is not None
                 yield delta
                 if finished:
-                    break
+                    break  # a stop string may end the text before the engine ends it
+        except (GeneratorExit, asyncio.CancelledError):
+            # Closed before the end: the client went away (after the end: just cleanup).
+            client_gone = not finished
+            raise
         finally:
             watch.finish()
             if not engine_done:
                 self.scheduler.cancel(request_id)
-                if not finished:
-                    self.metrics.cancelled.inc()
+            if client_gone:
+                self.metrics.cancelled.inc()
 
     @staticmethod
     async def _next(
@@ -289,7 +294,3 @@ class Service:
             except TimeoutError:
                 if await is_disconnected():
                     return None
-
-
-def now() -> int:
-    return int(time.time())
