@@ -4,7 +4,6 @@ on a loopback port, over toy models (a word-level tokenizer with a chat template
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 import time
@@ -25,8 +24,7 @@ from spectune.server.service import ServedModel, Service
 from spectune.server.testing import running_server, toy_service, toy_tokenizer
 from spectune.tokenizer import Tokenizer
 
-# The batched engine when it is installed; the sequential one is the reference.
-ENGINE = "batch" if importlib.util.find_spec("spectune.batch") else "sequential"
+ENGINE = "batch"  # the sequential engine, the reference, has its own test below
 LIMITS = Limits(max_body_bytes=4096, max_prompt_tokens=64, max_tokens=300, default_max_tokens=16)
 
 
@@ -404,3 +402,22 @@ def test_engine_failure_fails_the_batch_not_the_server(
     messages = [r.getMessage() for r in caplog.records]
     assert any("batch step failed" in m for m in messages)
     assert not any("iteration failed" in m for m in messages)  # handled where it belongs
+
+
+def test_sequential_engine_is_exact(
+    toy_target: LlamaLM, toy_draft: LlamaLM, tokenizer: Tokenizer
+) -> None:
+    service = toy_service(
+        toy_target,
+        tokenizer,
+        draft=DraftSource(model=toy_draft),
+        engine=EngineSettings(kind="sequential", capacity=512),
+        limits=LIMITS,
+    )
+    with running_server(create_app(service)) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        result = client.completions.create(
+            model="toy", prompt="w3 w1", max_tokens=16, temperature=0
+        )
+        expected = plain_greedy(toy_target, tokenizer, tokenizer.encode("w3 w1"), 16)
+        assert result.choices[0].text == expected

@@ -4,7 +4,6 @@ of derandomized examples per operation and mode."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from spectune.server.engines import DraftSource, EngineSettings
 from spectune.server.testing import running_server, toy_service, toy_tokenizer
 
 EXAMPLES = 25  # per operation and mode
-ENGINE = "batch" if importlib.util.find_spec("spectune.batch") else "sequential"
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +37,7 @@ def base_url(
         toy_target,
         tokenizer,
         draft=DraftSource(model=toy_draft),
-        engine=EngineSettings(kind=ENGINE, capacity=512),
+        engine=EngineSettings(kind="batch", capacity=512),
         limits=limits,
     )
     with running_server(create_app(service)) as url:

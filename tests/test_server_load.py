@@ -18,12 +18,14 @@ import openai
 import pytest
 import torch
 
+from spectune.control.base import FixedK
 from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
+from spectune.pairing import Loaded
 from spectune.sampling import SamplingParams
 from spectune.server import Limits, create_app
-from spectune.server.engines import DraftSource, EngineSettings
-from spectune.server.service import Service
+from spectune.server.engines import DraftSource, EngineSettings, build_engine
+from spectune.server.service import ServedModel, Service
 from spectune.server.testing import running_server, toy_service, toy_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -87,22 +89,15 @@ def loaded_server(
     toy_target: LlamaLM, toy_draft: LlamaLM, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Service]]:
     tokenizer = toy_tokenizer(tmp_path_factory.mktemp("load-tokenizer"))
-    kind = "batch" if _has_batch() else "sequential"
     service = toy_service(
         toy_target,
         tokenizer,
         draft=DraftSource(model=toy_draft),
-        engine=EngineSettings(kind=kind, max_batch=CLIENTS, capacity=512),
+        engine=EngineSettings(kind="batch", max_batch=CLIENTS, capacity=512),
         limits=Limits(max_requests=2 * CLIENTS),
     )
     with running_server(create_app(service)) as url:
         yield url, service
-
-
-def _has_batch() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("spectune.batch") is not None
 
 
 def test_sixteen_concurrent_clients(loaded_server: tuple[str, Service]) -> None:
@@ -166,18 +161,25 @@ def test_sixteen_concurrent_clients(loaded_server: tuple[str, Service]) -> None:
     )
 
 
-def test_real_default_model(smollm2) -> None:  # type: ignore[no-untyped-def]
-    """The default model (SmolLM2-135M-Instruct) behind the server, prompt-lookup drafts:
-    greedy chat answers equal the target's own greedy decoding, streamed or not."""
+def test_real_default_model(smollm2: Loaded) -> None:
+    """The default model (SmolLM2-135M-Instruct) behind the server with prompt-lookup
+    drafts: greedy chat answers equal the target's own greedy decoding, streamed or not."""
     target, tokenizer = smollm2.model, smollm2.tokenizer
-    from spectune.server.service import ServedModel
-
+    engine, policies, context = build_engine(
+        target,
+        DraftSource(ngram=True),
+        EngineSettings(kind="batch", max_batch=4, capacity=2048),
+        lambda params: FixedK(4),
+    )
     service = Service(
         ServedModel("smollm2", target, tokenizer, drafter="ngram"),
-        toy_engine(target),
-        context_limit=2048,
+        engine,
+        context_limit=context,
+        policies=policies,
     )
-    messages = [{"role": "user", "content": "List three primary colors, comma separated."}]
+    messages: list[dict[str, str]] = [
+        {"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog."}
+    ]
     expected = SpeculativeEngine(target).run(
         tokenizer.encode_chat(messages), SamplingParams(max_tokens=24)
     )
@@ -185,35 +187,24 @@ def test_real_default_model(smollm2) -> None:  # type: ignore[no-untyped-def]
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
         result = client.chat.completions.create(
             model="smollm2",
-            messages=messages,
+            messages=messages,  # type: ignore[arg-type]
             max_tokens=24,
-            temperature=0,  # type: ignore[arg-type]
+            temperature=0,
         )
         assert result.choices[0].message.content == tokenizer.decode(expected.tokens)
-        assert result.usage is not None and (result.usage.model_extra or {})["drafted"] >= 0
+        assert result.usage is not None
+        assert result.usage.completion_tokens == len(expected.tokens)
+        extra = result.usage.model_extra or {}
+        assert 0 <= extra["accepted"] <= extra["drafted"]
         streamed = "".join(
             chunk.choices[0].delta.content or ""
             for chunk in client.chat.completions.create(
                 model="smollm2",
-                messages=messages,
+                messages=messages,  # type: ignore[arg-type]
                 max_tokens=24,
-                temperature=0,  # type: ignore[arg-type]
+                temperature=0,
                 stream=True,
             )
             if chunk.choices
         )
         assert streamed == result.choices[0].message.content
-
-
-def toy_engine(target: object):  # type: ignore[no-untyped-def]
-    from spectune.control.base import FixedK
-    from spectune.server.engines import build_engine
-
-    kind = "batch" if _has_batch() else "sequential"
-    engine, _, _ = build_engine(
-        target,  # type: ignore[arg-type]
-        DraftSource(ngram=True),
-        EngineSettings(kind=kind, max_batch=4, capacity=2048),
-        lambda params: FixedK(4),
-    )
-    return engine

@@ -11,7 +11,13 @@ from spectune.cli.common import add_model_args, add_sampling_args, parse_dtype, 
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
+from spectune.drafters.base import Drafter
+from spectune.drafters.model import ModelDrafter
+from spectune.drafters.tree import TreeDrafter, TreeShape
 from spectune.engine import Generation, SpeculativeEngine
+from spectune.errors import InvalidParameterError
+from spectune.models.base import LanguageModel
+from spectune.models.llama import LlamaLM
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.trace import TraceWriter
 from spectune.pairing import load_drafter, load_target
@@ -38,6 +44,21 @@ def register(subparsers: Any) -> None:
     )
     add_policy_args(parser)
     parser.add_argument("--compare", action="store_true", help="also decode without speculation")
+    parser.add_argument(
+        "--tree-width",
+        type=int,
+        default=None,
+        help="draft a token tree: children per expanded node (needs a draft model; K = depth)",
+    )
+    parser.add_argument(
+        "--tree-nodes", type=int, default=None, help="node budget of a token tree (default 16)"
+    )
+    parser.add_argument(
+        "--tree-min-prob",
+        type=float,
+        default=0.0,
+        help="expand only tree nodes whose cumulative draft probability reaches this",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
     parser.set_defaults(run=run)
 
@@ -93,6 +114,24 @@ def decode(
     return gen, "".join(text)
 
 
+def tree_drafter(
+    drafter: Drafter | None, target: LanguageModel, args: argparse.Namespace
+) -> TreeDrafter:
+    """Turn a draft model into a tree drafter; trees need masks only the native runtime has."""
+    if not isinstance(drafter, ModelDrafter):
+        raise InvalidParameterError("--tree-width/--tree-nodes need a draft model (--draft)")
+    if not isinstance(target, LlamaLM) or not isinstance(drafter.model, LlamaLM):
+        raise InvalidParameterError(
+            "token trees need the native runtime for target and draft (--runtime native)"
+        )
+    shape = TreeShape(
+        width=args.tree_width if args.tree_width is not None else 2,
+        nodes=args.tree_nodes if args.tree_nodes is not None else 16,
+        min_path_prob=args.tree_min_prob,
+    )
+    return TreeDrafter(drafter.model, shape)
+
+
 def run(args: argparse.Namespace) -> int:
     spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
@@ -100,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype=dtype, runtime=args.runtime)
     drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
+    if args.tree_width is not None or args.tree_nodes is not None:
+        drafter = tree_drafter(drafter, target.model, args)
     prompt = prompt_tokens(args, target.tokenizer)
     engine = SpeculativeEngine(target.model, drafter)
     info = {

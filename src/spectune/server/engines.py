@@ -6,12 +6,12 @@ running request; ``sequential`` runs one pass per request (exact, slower; a refe
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from spectune.batch import BatchEngine
 from spectune.control.base import KPolicy
+from spectune.crossover import load_crossover
 from spectune.drafters.base import Drafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
@@ -90,16 +90,17 @@ def build_engine(
     policies = RequestPolicies(default_policy)
     context = min(settings.capacity, target.info.max_context)
     if settings.kind == "sequential":
+        limit = settings.speculate_max_batch
         engine = SequentialBatchEngine(
             target,
             draft.factory(),
             max_batch=settings.max_batch,
-            speculate_max_batch=settings.speculate_max_batch,
+            # As BatchEngine: without a limit, the crossover measured on this machine.
+            speculate_max_batch=limit if limit is not None else load_crossover(target.info),
             policy_factory=policies,
         )
         return engine, policies, context
-    batch: Any = importlib.import_module("spectune.batch")
-    batched: StepEngine = batch.BatchEngine(
+    batched = BatchEngine(
         target,
         draft.for_batch(),
         max_batch=settings.max_batch,
@@ -107,4 +108,4 @@ def build_engine(
         speculate_max_batch=settings.speculate_max_batch,
         policy_factory=policies,
     )
-    return batched, policies, min(context, int(getattr(batched, "capacity", context)))
+    return batched, policies, min(context, batched.capacity)
