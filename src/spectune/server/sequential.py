@@ -15,8 +15,7 @@ import torch
 
 from spectune.control.base import FixedK, KPolicy
 from spectune.drafters.base import Drafter
-from spectune.engine import SpeculativeEngine, StepRecord
-from spectune.errors import PromptError
+from spectune.engine import SpeculativeEngine, StepRecord, check_prompt
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams
 
@@ -122,16 +121,7 @@ class SequentialBatchEngine:
         info = self.target.info
         # Check the prompt now rather than at the first step, so the caller hears of a bad
         # request at once and the running batch never holds one.
-        if not prompt:
-            raise PromptError("the prompt is empty")
-        if any(not 0 <= t < info.vocab_size for t in prompt):
-            raise PromptError(
-                f"the prompt holds token ids outside the vocabulary of {info.vocab_size}"
-            )
-        if len(prompt) >= info.max_context:
-            raise PromptError(
-                f"the prompt has {len(prompt)} tokens; the context holds {info.max_context}"
-            )
+        prompt = check_prompt(prompt, info.vocab_size, info.max_context)
         drafter = self.drafter_factory() if self.drafter_factory is not None else None
         gate = BatchGate(
             policy or self.policy_factory(params), lambda: self.active, self.speculate_max_batch
