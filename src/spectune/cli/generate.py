@@ -35,13 +35,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--system", help="system message for --chat")
     add_model_args(parser)
     add_sampling_args(parser)
-    parser.add_argument(
-        "-k",
-        "--k",
-        type=int,
-        default=None,
-        help="draft tokens per step: fixed K for --policy fixed, else the initial K (4)",
-    )
     add_policy_args(parser)
     parser.add_argument("--compare", action="store_true", help="also decode without speculation")
     parser.add_argument(

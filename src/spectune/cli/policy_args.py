@@ -14,6 +14,13 @@ __all__ = ["add_policy_args", "policy_spec_from_args"]
 
 def add_policy_args(parser: argparse.ArgumentParser, *, trace: bool = True) -> None:
     parser.add_argument(
+        "-k",
+        "--k",
+        type=int,
+        default=None,
+        help="draft tokens per step: fixed K for --policy fixed, else the initial K (4)",
+    )
+    parser.add_argument(
         "--policy",
         choices=POLICIES,
         default=None,

@@ -41,13 +41,6 @@ def register(subparsers: Any) -> None:
         help="require 'Authorization: Bearer KEY' (default: $SPECTUNE_API_KEY; none: open)",
     )
     parser.add_argument("--served-model-name", help="the model name clients send")
-    parser.add_argument(
-        "-k",
-        "--k",
-        type=int,
-        default=None,
-        help="draft tokens per step: fixed K for --policy fixed, else the initial K (4)",
-    )
     add_policy_args(parser)
     parser.add_argument("--engine", choices=ENGINES, default="batch")
     parser.add_argument("--max-batch", type=int, default=16, help="requests decoded together")
