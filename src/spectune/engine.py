@@ -45,6 +45,8 @@ __all__ = [
     "StepRecord",
     "StopCondition",
     "check_draft",
+    "check_prompt",
+    "request_generator",
     "cut_at_stops",
     "fit_to_room",
     "validate_k",
@@ -165,23 +167,8 @@ class SpeculativeEngine:
         """
         target = self.target
         info = target.info
-        prompt = list(prompt)
-        if not prompt:
-            raise PromptError("the prompt is empty")
-        if any(not 0 <= t < info.vocab_size for t in prompt):
-            raise PromptError(
-                f"the prompt holds token ids outside the vocabulary of {info.vocab_size}"
-            )
-        if len(prompt) >= info.max_context:
-            raise PromptError(
-                f"the prompt has {len(prompt)} tokens; the context holds {info.max_context}"
-            )
-        if generator is None:
-            generator = torch.Generator()
-            if params.seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed(params.seed)
+        prompt = check_prompt(prompt, info.vocab_size, info.max_context)
+        generator = generator or request_generator(params)
         policy = policy or FixedK(4 if self.drafter is not None else 0)
         drafter = self.drafter
         eos = set(info.eos_token_ids)
@@ -315,9 +302,27 @@ class SpeculativeEngine:
         result = verify_in_groups(draft.tokens, draft.probs, score, groups, params, generator)
         return result, torch.cat(hidden) if hidden else None
 
-    def _checked(self, draft: Draft, k: int) -> Draft:
-        """Kept for callers of the earlier private API; see ``check_draft``."""
-        return check_draft(draft, k, self.target.info.vocab_size)
+
+def check_prompt(prompt: Sequence[int], vocab_size: int, context: int) -> list[int]:
+    """The prompt as a list, or a ``PromptError`` saying why it cannot be decoded."""
+    tokens = list(prompt)
+    if not tokens:
+        raise PromptError("the prompt is empty")
+    if any(not isinstance(t, int) or not 0 <= t < vocab_size for t in tokens):
+        raise PromptError(f"the prompt holds token ids outside the vocabulary of {vocab_size}")
+    if len(tokens) >= context:
+        raise PromptError(f"the prompt has {len(tokens)} tokens; the context holds {context}")
+    return tokens
+
+
+def request_generator(params: SamplingParams) -> torch.Generator:
+    """A request's own random stream: seeded by ``params.seed``, else from the OS."""
+    generator = torch.Generator()
+    if params.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(params.seed)
+    return generator
 
 
 def cut_at_stops(

@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from spectune.cli import experiment, generate
+from spectune.cli import experiment, export, generate, report, serve
 from spectune.errors import SpectuneError
 
 __all__ = ["main"]
 
-COMMANDS = (generate, experiment)
+COMMANDS = (generate, report, experiment, serve, export)
 
 
 def build_parser() -> argparse.ArgumentParser:
