@@ -1,25 +1,28 @@
 """Tree drafter: a draft model expands a token tree instead of a chain.
 
-Expansion, level by level (EAGLE-2's shape, Li et al. 2024): the root's distribution comes
-from the synced draft cache; at each depth the ``width`` most probable frontier nodes (by
-cumulative draft probability along their path) get ``width`` children each, until the
-node budget or the depth K is reached. Children are the top-``width`` tokens by draft
-probability at temperature 0, and ``width`` draws *without replacement* from the processed
-draft distribution otherwise (the stochastic top-``width``; the verifier's sibling scheme
-needs exactly this, see ``spectune.tree_verify``).
+Children of a node are the top-``width`` tokens by draft probability at temperature 0,
+and ``width`` draws *without replacement* from the processed draft distribution when
+sampling (the stochastic top-``width``; the verifier's sibling scheme needs exactly this,
+see ``spectune.tree_verify``). Paths are ranked by cumulative draft probability.
+
+Growth at temperature 0, level by level (EAGLE-2, Li et al. 2024): at each depth the
+``width`` most probable frontier nodes get ``width`` children each, up to depth K and
+``MAX_TREE_NODES``; then the tree is re-ranked and the ``nodes`` most probable paths are
+kept. Greedy verification is exact for any tree, so any selection is safe.
+
+Growth when sampling, best first: the most probable unexpanded path gets ``width``
+children (fewer when the budget runs out), until the ``nodes`` budget is spent. No
+re-ranking here, on purpose: dropping a *sampled* child because of its own probability
+would bias lossless sibling verification. Lossless needs that whether and how much a node
+is expanded is decided before its children are drawn, which best-first growth respects.
 
 Dynamic pruning: a node whose cumulative draft probability is below ``min_path_prob`` is
-not expanded, so the tree grows where the draft is confident. At temperature 0 the tree
-grows past the node budget (up to ``MAX_TREE_NODES``) and is then re-ranked, keeping the
-``nodes`` most probable paths, as EAGLE-2 does; greedy verification is exact for any tree.
-When sampling it is not: dropping a *sampled* child because of its own probability would
-bias lossless sibling verification, so there the budget stops the growth instead, and
-pruning only ever decides whether a node is expanded.
+never expanded, so the tree grows where the draft is confident.
 
-One draft forward per level scores the nodes to be expanded next, with their ancestors,
-under a tree mask (positions = prefix + depth). After the target's verdict, ``commit``
-compacts the accepted path's draft keys/values from the last forward into the contiguous
-cache (``move_slots``) instead of recomputing them.
+Each draft forward scores the nodes to be expanded next, with their ancestors, under a
+tree mask (positions = prefix + depth). After the target's verdict, ``commit`` compacts
+the accepted path's draft keys/values from the last forward into the contiguous cache
+(``move_slots``) instead of recomputing them.
 
 With ``width == 1`` this drafts exactly the chain ``ModelDrafter`` drafts (same tokens,
 same probabilities, same random numbers).
@@ -27,8 +30,8 @@ same probabilities, same random numbers).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -70,6 +73,30 @@ class _Tree:
     tokens: list[int]
     parents: list[int]
     chunk: list[int]  # node indices of the last forward's chunk, in slot order
+
+
+@dataclass
+class _Growth:
+    """A tree while it grows (node lists indexed by node)."""
+
+    prefix: int  # draft cache slots holding the context
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    rows: list[Tensor] = field(default_factory=list)  # [vocab] the distribution drawn from
+    path_probs: list[float] = field(default_factory=list)  # draft probability of the path
+    depths: list[int] = field(default_factory=list)
+    chunk: list[int] = field(default_factory=list)  # nodes of the last draft forward
+
+    def add(self, token: int, parent: int, dist: Tensor) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.rows.append(dist)
+        self.path_probs.append(self.path_prob(parent) * float(dist[token]))
+        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        return len(self.tokens) - 1
+
+    def path_prob(self, node: int) -> float:
+        return 1.0 if node < 0 else self.path_probs[node]
 
 
 class TreeDrafter:
@@ -116,60 +143,98 @@ class TreeDrafter:
         vocab = self.model.info.vocab_size
         if num_tokens <= 0:
             return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab))
-        shape = self.shape
 
         def distribution(logits: Tensor) -> Tensor:  # [vocab] -> [vocab] fp32
             # Greedy ranks children by the draft's own probabilities (the processed
             # greedy distribution is one-hot and could not rank a second child).
             return logits.float().softmax(-1) if params.greedy else process_logits(logits, params)
 
-        tokens: list[int] = []
-        parents: list[int] = []
-        rows: list[Tensor] = []  # [vocab] per node: the distribution it was drawn from
-        path_probs: list[float] = []
-        frontier: list[tuple[int, Tensor, float]] = [(-1, distribution(self._sync(context)), 1.0)]
-        # Greedy grows past the budget and re-ranks afterwards (EAGLE-2); sampling must not
-        # (see the module docstring), so its budget bounds the growth itself.
-        grow_limit = MAX_TREE_NODES if params.greedy else shape.nodes
-        prefix = len(context)
-        chunk: list[int] = []
-        for depth in range(1, num_tokens + 1):
-            new_nodes: list[int] = []
-            for parent, dist, path_prob in frontier:
-                room = grow_limit - len(tokens)
-                if room <= 0:
-                    break
-                for token in self._children(dist, min(shape.width, room), params, generator):
-                    new_nodes.append(len(tokens))
-                    tokens.append(token)
-                    parents.append(parent)
-                    rows.append(dist)
-                    path_probs.append(path_prob * float(dist[token]))
-            if depth == num_tokens or len(tokens) >= grow_limit:
-                break
-            # Which new nodes get expanded next: the ``width`` most probable paths above
-            # the threshold. Decided before their children exist (lossless, see above).
-            ranked = sorted(new_nodes, key=lambda i: -path_probs[i])
-            expand = [i for i in ranked[: shape.width] if path_probs[i] >= shape.min_path_prob]
-            if not expand:
-                break
-            logits, chunk = self._score(expand, tokens, parents, prefix)
-            frontier = [
-                (i, distribution(logits[chunk.index(i)]), path_probs[i]) for i in sorted(expand)
-            ]
+        root = distribution(self._sync(context))
+        tree = _Growth(prefix=len(context))
+        if params.greedy:
+            self._grow_levels(tree, root, num_tokens, params, generator, distribution)
+        else:
+            self._grow_best_first(tree, root, num_tokens, params, generator, distribution)
+        tokens, parents, rows, path_probs = tree.tokens, tree.parents, tree.rows, tree.path_probs
+        prefix, chunk = tree.prefix, tree.chunk
         self._last = _Tree(prefix, tokens, parents, chunk)
         keep = list(range(len(tokens)))
-        if len(tokens) > shape.nodes:
+        nodes = self.shape.nodes
+        if len(tokens) > nodes:
             # The ``nodes`` most probable paths. A child's path probability never exceeds
             # its parent's and ties go to the lower index (the parent), so the kept set
             # is ancestor-closed; kept in index order, parents still come first.
-            keep = sorted(sorted(keep, key=lambda i: (-path_probs[i], i))[: shape.nodes])
+            keep = sorted(sorted(keep, key=lambda i: (-path_probs[i], i))[:nodes])
         index = {node: i for i, node in enumerate(keep)}
         return Draft(
             torch.tensor([tokens[i] for i in keep], dtype=torch.long),
             torch.stack([rows[i] for i in keep]),
             torch.tensor([index[parents[i]] if parents[i] >= 0 else -1 for i in keep]),
         )
+
+    def _grow_levels(
+        self,
+        tree: _Growth,
+        root: Tensor,  # [vocab]
+        depth_limit: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        distribution: Callable[[Tensor], Tensor],
+    ) -> None:
+        """Temperature 0: level by level, the ``width`` best frontier nodes get ``width``
+        children each, past the budget (the caller re-ranks)."""
+        shape = self.shape
+        frontier: list[tuple[int, Tensor]] = [(-1, root)]
+        for depth in range(1, depth_limit + 1):
+            new_nodes: list[int] = []
+            for parent, dist in frontier:
+                room = MAX_TREE_NODES - len(tree.tokens)
+                if room <= 0:
+                    break
+                for token in self._children(dist, min(shape.width, room), params, generator):
+                    new_nodes.append(tree.add(token, parent, dist))
+            if depth == depth_limit or len(tree.tokens) >= MAX_TREE_NODES:
+                return
+            ranked = sorted(new_nodes, key=lambda i: -tree.path_probs[i])
+            expand = [i for i in ranked[: shape.width] if tree.path_probs[i] >= shape.min_path_prob]
+            if not expand:
+                return
+            logits = self._score(tree, expand)
+            frontier = [(i, distribution(logits[tree.chunk.index(i)])) for i in sorted(expand)]
+
+    def _grow_best_first(
+        self,
+        tree: _Growth,
+        root: Tensor,  # [vocab]
+        depth_limit: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        distribution: Callable[[Tensor], Tensor],
+    ) -> None:
+        """Sampling: expand the most probable unexpanded path next, ``width`` children at
+        a time, until the budget is spent. Whether and how much a node is expanded is
+        decided before its children are drawn (the lossless condition, see above)."""
+        shape = self.shape
+        known: dict[int, Tensor] = {-1: root}  # node -> distribution of its children
+        while len(tree.tokens) < shape.nodes and known:
+            node = max(known, key=lambda n: (tree.path_prob(n), -n))
+            dist = known.pop(node)
+            room = shape.nodes - len(tree.tokens)
+            kids = [
+                tree.add(token, node, dist)
+                for token in self._children(dist, min(shape.width, room), params, generator)
+            ]
+            if len(tree.tokens) >= shape.nodes:
+                return
+            scorable = [
+                c
+                for c in kids
+                if tree.depths[c] < depth_limit and tree.path_probs[c] >= shape.min_path_prob
+            ]
+            if scorable:
+                logits = self._score(tree, scorable)
+                for c in scorable:
+                    known[c] = distribution(logits[tree.chunk.index(c)])
 
     @staticmethod
     def _children(
@@ -189,30 +254,29 @@ class TreeDrafter:
             remaining[token] = 0.0
         return drawn
 
-    def _score(
-        self, expand: list[int], tokens: list[int], parents: list[int], prefix: int
-    ) -> tuple[Tensor, list[int]]:
-        """Draft logits for the nodes in ``expand``: one forward over them and their
-        ancestors under the tree mask. Returns (logits [chunk, vocab], chunk node ids)."""
+    def _score(self, tree: _Growth, nodes: list[int]) -> Tensor:
+        """Draft logits for ``nodes``: one forward over them and their ancestors under the
+        tree mask. Returns [chunk, vocab]; ``tree.chunk`` lists the chunk's nodes."""
         members: set[int] = set()
-        for node in expand:
+        for node in nodes:
             while node >= 0 and node not in members:
                 members.add(node)
-                node = parents[node]
+                node = tree.parents[node]
         chunk = sorted(members)  # parents first, as in the tree
         where = {node: i for i, node in enumerate(chunk)}
-        chunk_parents = torch.tensor([where.get(parents[n], -1) for n in chunk])  # [m]
+        chunk_parents = torch.tensor([where.get(tree.parents[n], -1) for n in chunk])  # [m]
         # Layout of [root, chunk...] with the root already cached at slot prefix - 1.
-        positions, mask = tree_layout(chunk_parents, prefix - 1)
+        positions, mask = tree_layout(chunk_parents, tree.prefix - 1)
         cache = self._cache()
-        cache.truncate(prefix)
+        cache.truncate(tree.prefix)
         out = self.model.forward(
-            torch.tensor([[tokens[n] for n in chunk]]),
+            torch.tensor([[tree.tokens[n] for n in chunk]]),
             cache,
             positions=positions[None, 1:],
             chunk_mask=mask[None, 1:, 1:],
         )
-        return out.logits[0], chunk
+        tree.chunk = chunk
+        return out.logits[0]
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Compact the accepted path's draft entries from the last forward into place."""
