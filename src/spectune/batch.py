@@ -53,11 +53,13 @@ from spectune.engine import (
     StepRecord,
     StopCondition,
     check_draft,
+    check_prompt,
     cut_at_stops,
     fit_to_room,
+    request_generator,
     verify_draft,
 )
-from spectune.errors import BatchFullError, InvalidParameterError, PromptError
+from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.kv_cache import StaticKVCache
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams
@@ -213,23 +215,8 @@ class BatchEngine:
             raise InvalidParameterError(f"request {request_id!r} is already in the batch")
         if not self.has_room:
             raise BatchFullError(f"the batch is full ({self.max_batch} sequences)")
-        prompt = list(prompt)
-        if not prompt:
-            raise PromptError("the prompt is empty")
-        if any(not isinstance(t, int) or not 0 <= t < info.vocab_size for t in prompt):
-            raise PromptError(
-                f"the prompt holds token ids outside the vocabulary of {info.vocab_size}"
-            )
-        if len(prompt) >= self.capacity:
-            raise PromptError(
-                f"the prompt has {len(prompt)} tokens; a sequence holds {self.capacity}"
-            )
-        if generator is None:
-            generator = torch.Generator()
-            if params.seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed(params.seed)
+        prompt = check_prompt(prompt, info.vocab_size, self.capacity)
+        generator = generator or request_generator(params)
         if self.policy_factory is not None:
             policy = self.policy_factory(params)
         else:
