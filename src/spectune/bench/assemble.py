@@ -1,0 +1,227 @@
+"""Loading what a benchmark compares, per dtype: the target twice (spectune's runtime and
+transformers), the drafts, and the systems built from them.
+
+The ``random`` draft is deliberately useless: a Llama-family model with random weights,
+sized like a small draft and sharing the target's vocabulary and special tokens, so it is
+compatible but never right. Its output layer is scaled so it is also *confident* (top
+probability well above transformers' assistant confidence threshold of 0.4): a hesitant
+random draft would be screened out by that threshold and would not test anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spectune.bench.plan import BenchConfig
+from spectune.bench.systems import HFSystem, SpectuneSystem, System, SystemInfo
+from spectune.control.base import FixedK, KPolicy
+from spectune.drafters.base import Drafter
+from spectune.drafters.model import ModelDrafter
+from spectune.drafters.ngram import NgramDrafter
+from spectune.errors import InvalidParameterError
+from spectune.models.base import LanguageModel, ModelInfo
+from spectune.models.llama import LlamaConfig, LlamaLM
+from spectune.models.loading import resolve_model_path, save_native
+from spectune.models.toy import toy_model
+from spectune.pairing import Loaded, load_drafter, load_target
+from spectune.sampling import SamplingParams
+
+__all__ = [
+    "DraftSource",
+    "Workbench",
+    "adaptive_policy",
+    "build_systems",
+    "load_workbench",
+    "random_draft",
+]
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+RANDOM_DRAFT_SCALE = 8.0  # logit spread of the random draft: confident and wrong
+
+
+@dataclass
+class DraftSource:
+    """One drafter as spectune uses it, and as transformers' assistant (model drafts only)."""
+
+    label: str  # "ngram", "random", or the draft's name
+    drafter: Drafter
+    hf_assistant: Any | None = None  # a transformers model, or None (n-gram; HF not loaded)
+
+
+@dataclass
+class Workbench:
+    """Everything one dtype's run needs."""
+
+    dtype: str
+    target: LanguageModel
+    hf_target: Any | None  # transformers model of the same checkpoint, when HF systems run
+    systems: list[System]
+    notes: list[str] = field(default_factory=list)
+
+
+def random_draft(target: ModelInfo, *, seed: int = 0) -> LlamaLM:
+    """A useless but compatible draft: random weights, the target's vocabulary and ids."""
+    hidden = max(32, min(256, (target.hidden_size // 2) // 32 * 32))
+    config = LlamaConfig(
+        vocab_size=target.vocab_size,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=hidden // 4,
+        max_context=target.max_context,
+        tie_word_embeddings=True,
+        bos_token_id=target.bos_token_id,
+        eos_token_ids=target.eos_token_ids,
+        pad_token_id=target.pad_token_id,
+        name="random",
+    )
+    model = toy_model(seed, config=config, scale=RANDOM_DRAFT_SCALE)
+    return LlamaLM(model.net, name="random")
+
+
+def adaptive_policy(name: str) -> Callable[[SamplingParams], KPolicy]:
+    """A factory for the named adaptive policy from ``spectune.control``'s registry.
+
+    Raises ImportError when the registry is not installed and any error the registry
+    raises for this name; the caller turns either into a note and skips the policy.
+    """
+    from spectune.control import make_policy  # type: ignore[attr-defined,unused-ignore]
+
+    def make(params: SamplingParams) -> KPolicy:
+        policy: KPolicy = make_policy(name, None, params=params)
+        return policy
+
+    make(SamplingParams())  # fail now, at set-up, rather than in the middle of the run
+    return make
+
+
+def _fixed(k: int) -> Callable[[SamplingParams], KPolicy]:
+    return lambda params: FixedK(k)
+
+
+def build_systems(
+    config: BenchConfig,
+    target: LanguageModel,
+    hf_target: Any | None,
+    drafts: list[DraftSource],
+    notes: list[str],
+) -> list[System]:
+    """Systems in table order: baselines first, then spectune, then transformers' drafting."""
+    info = target.info
+    systems: list[System] = []
+    plain = SystemInfo("spectune plain", "spectune-plain", policy="fixed", k=0)
+    systems.append(SpectuneSystem.build(plain, target, None, _fixed(0)))
+    eos = list(info.eos_token_ids)
+    pad = info.pad_token_id if info.pad_token_id is not None else (eos[0] if eos else 0)
+
+    def hf(info_: SystemInfo, **kwargs: Any) -> HFSystem:
+        return HFSystem(info_, hf_target, eos_token_ids=eos, pad_token_id=pad, **kwargs)
+
+    if hf_target is not None and config.runs("hf"):
+        systems.append(hf(SystemInfo("HF generate", "hf-generate")))
+    if config.runs("spectune"):
+        policies: list[tuple[str, Callable[[SamplingParams], KPolicy]]] = []
+        for name in config.policies:
+            try:
+                policies.append((name, adaptive_policy(name)))
+            except Exception as exc:  # a missing registry or a bad name: skip, say why
+                notes.append(f"policy '{name}' skipped: {type(exc).__name__}: {exc}")
+        for draft in drafts:
+            for k in config.ks:
+                label = SystemInfo(
+                    f"spectune {draft.label} K={k}", "spectune", draft.label, k, "fixed"
+                )
+                systems.append(SpectuneSystem.build(label, target, draft.drafter, _fixed(k)))
+            for name, factory in policies:
+                label = SystemInfo(
+                    f"spectune {draft.label} {name}", "spectune", draft.label, None, name
+                )
+                systems.append(SpectuneSystem.build(label, target, draft.drafter, factory))
+    if hf_target is not None:
+        for draft in drafts:
+            if draft.hf_assistant is None:
+                continue
+            if config.runs("hf-assisted"):
+                label = SystemInfo(
+                    f"HF assisted {draft.label}", "hf-assisted", draft.label, None, "hf-default"
+                )
+                systems.append(hf(label, assistant=draft.hf_assistant))
+            if config.runs("hf-heuristic"):
+                label = SystemInfo(
+                    f"HF assisted {draft.label} heuristic",
+                    "hf-assisted",
+                    draft.label,
+                    None,
+                    "hf-heuristic",
+                )
+                systems.append(hf(label, assistant=draft.hf_assistant, schedule="heuristic"))
+        if config.runs("hf-lookup"):
+            label = SystemInfo(
+                f"HF prompt lookup {config.prompt_lookup_tokens}",
+                "hf-lookup",
+                "prompt-lookup",
+                config.prompt_lookup_tokens,
+                "hf-lookup",
+            )
+            systems.append(hf(label, prompt_lookup_tokens=config.prompt_lookup_tokens))
+    return systems
+
+
+def _hf_model(path: Path, dtype: torch.dtype) -> Any:
+    from spectune.models.hf import load_hf_model
+
+    return load_hf_model(path, dtype=dtype).model
+
+
+def load_workbench(
+    config: BenchConfig, dtype_name: str, scratch: Path | None = None
+) -> tuple[Workbench, Loaded]:
+    """Load the target (and drafts) in one dtype and build the systems.
+
+    ``scratch`` holds the random draft's HF folder for transformers (a temporary folder
+    when None).
+    """
+    if dtype_name not in DTYPES:
+        raise InvalidParameterError(f"unknown dtype {dtype_name!r} (fp32 or bf16)")
+    dtype = DTYPES[dtype_name]
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    loaded = load_target(config.target, dtype=dtype, runtime="native")
+    needs_hf = any(config.runs(key) for key in ("hf", "hf-assisted", "hf-heuristic", "hf-lookup"))
+    hf_target = _hf_model(loaded.path, dtype) if needs_hf else None
+    wants_assistant = hf_target is not None and (
+        config.runs("hf-assisted") or config.runs("hf-heuristic")
+    )
+    drafts: list[DraftSource] = []
+    for spec in config.drafters:
+        if spec == "ngram":
+            drafts.append(DraftSource("ngram", NgramDrafter()))
+        elif spec == "random":
+            model = random_draft(loaded.model.info, seed=config.seed)
+            assistant = None
+            if wants_assistant:
+                folder = Path(scratch or tempfile.mkdtemp(prefix="spectune-bench-")) / "random"
+                save_native(model, folder)
+                assistant = _hf_model(folder, dtype)
+            # After saving: ``to`` converts the module in place.
+            drafter_model = LlamaLM(model.net.to(dtype), name="random")
+            drafts.append(DraftSource("random", ModelDrafter(drafter_model), assistant))
+        else:
+            drafter = load_drafter(spec, loaded, dtype=dtype, runtime="native")
+            if drafter is None:
+                continue
+            path = resolve_model_path(spec)
+            assistant = _hf_model(path, dtype) if wants_assistant else None
+            label = path.stem if path.is_file() else path.name
+            drafts.append(DraftSource(label, drafter, assistant))
+    notes: list[str] = []
+    systems = build_systems(config, loaded.model, hf_target, drafts, notes)
+    return Workbench(dtype_name, loaded.model, hf_target, systems, notes), loaded

@@ -1,0 +1,200 @@
+"""What a benchmark run will do: its configuration, its prompts, and fitting it to a budget.
+
+The budget is applied up front, never mid-run: a run that stops half-way would compare
+systems over different prompts. Repetitions go first (down to one), then prompts per
+category (down to one each); the estimate is printed before anything is timed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spectune.errors import InvalidParameterError, PromptError
+from spectune.tokenizer import Tokenizer
+
+__all__ = [
+    "SYSTEM_KEYS",
+    "BenchConfig",
+    "BenchPrompt",
+    "Budgeted",
+    "fit_budget",
+    "load_bench_prompts",
+    "select_prompts",
+]
+
+# Which systems run, by key (``--systems``):
+SYSTEM_KEYS = {
+    "plain": "plain decoding in spectune's runtime (always runs: it is the reference)",
+    "spectune": "spectune speculative decoding: every drafter x fixed K and policy",
+    "hf": "transformers generate() without a draft",
+    "hf-assisted": "transformers assisted generation with each draft model, default settings",
+    "hf-heuristic": "the same with the 'heuristic' num_assistant_tokens_schedule",
+    "hf-lookup": "transformers prompt lookup (prompt_lookup_num_tokens)",
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    target: str = "default"
+    drafters: tuple[str, ...] = ("ngram",)  # draft paths/names, "ngram", "random"
+    temperatures: tuple[float, ...] = (0.0,)
+    max_tokens: int = 64
+    repeats: int = 3
+    dtypes: tuple[str, ...] = ("fp32",)
+    ks: tuple[int, ...] = (1, 2, 4, 6, 8)
+    policies: tuple[str, ...] = ("threshold", "cost")
+    systems: tuple[str, ...] = tuple(SYSTEM_KEYS)
+    seed: int = 0
+    prompt_lookup_tokens: int = 10
+    budget_minutes: float | None = None
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.systems) - set(SYSTEM_KEYS))
+        if unknown:
+            raise InvalidParameterError(
+                f"unknown systems {unknown}; choose from {', '.join(SYSTEM_KEYS)}"
+            )
+        if self.max_tokens < 1 or self.repeats < 1:
+            raise InvalidParameterError("--max-tokens and --repeats must be at least 1")
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise InvalidParameterError("temperatures must be >= 0")
+        if self.budget_minutes is not None and self.budget_minutes <= 0:
+            raise InvalidParameterError("--budget-minutes must be positive")
+
+    def runs(self, key: str) -> bool:
+        return key in self.systems
+
+    def to_json(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    category: str
+    tokens: tuple[int, ...]  # chat template applied
+
+
+def _read_prompt_file(path: Path | None) -> list[Any]:
+    """The project's prompt set through ``spectune.prompts`` when present; otherwise (until it
+    lands) a JSONL file of ``{"id", "category", "messages"}`` objects read here."""
+    try:
+        from spectune.prompts import load_prompts  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        load_prompts = None
+    if load_prompts is not None:
+        return list(load_prompts(path))
+    if path is None:
+        raise PromptError("no prompt set: spectune.prompts is not installed; pass --prompts FILE")
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise PromptError(f"{path}:{number}: not JSON ({exc.msg})") from exc
+    return records
+
+
+def _field(record: Any, name: str) -> Any:
+    return record[name] if isinstance(record, dict) else getattr(record, name)
+
+
+def load_bench_prompts(
+    tokenizer: Tokenizer,
+    path: Path | None = None,
+    *,
+    categories: Sequence[str] | None = None,
+    limit_per_category: int | None = None,
+) -> list[BenchPrompt]:
+    """Prompts as token ids, in file order, filtered by category and limited per category."""
+    if path is not None and not path.is_file():
+        raise PromptError(f"prompt file not found: {path}")
+    prompts = []
+    for record in _read_prompt_file(path):
+        try:
+            messages = list(_field(record, "messages"))
+            prompt = BenchPrompt(
+                str(_field(record, "id")),
+                str(_field(record, "category")),
+                tuple(tokenizer.encode_chat(messages)),
+            )
+        except (KeyError, AttributeError, TypeError) as exc:
+            raise PromptError(f"prompt record without id/category/messages: {exc}") from exc
+        prompts.append(prompt)
+    return select_prompts(prompts, categories=categories, limit_per_category=limit_per_category)
+
+
+def select_prompts(
+    prompts: Sequence[BenchPrompt],
+    *,
+    categories: Sequence[str] | None = None,
+    limit_per_category: int | None = None,
+) -> list[BenchPrompt]:
+    if categories:
+        missing = sorted(set(categories) - {p.category for p in prompts})
+        if missing:
+            raise PromptError(f"no prompts in categories {missing}")
+        prompts = [p for p in prompts if p.category in categories]
+    if limit_per_category is not None:
+        if limit_per_category < 1:
+            raise InvalidParameterError("--limit-per-category must be at least 1")
+        seen: dict[str, int] = {}
+        kept = []
+        for prompt in prompts:
+            seen[prompt.category] = seen.get(prompt.category, 0) + 1
+            if seen[prompt.category] <= limit_per_category:
+                kept.append(prompt)
+        prompts = kept
+    if not prompts:
+        raise PromptError("the benchmark has no prompts")
+    return list(prompts)
+
+
+@dataclass(frozen=True)
+class Budgeted:
+    prompts: list[BenchPrompt]
+    repeats: int
+    estimate_seconds: float  # after trimming
+    notes: tuple[str, ...]  # what was trimmed, and any remaining overrun
+
+
+def fit_budget(
+    prompts: Sequence[BenchPrompt],
+    repeats: int,
+    estimate: Callable[[Sequence[BenchPrompt], int], float],
+    budget_seconds: float | None,
+) -> Budgeted:
+    """Trim repetitions, then prompts per category, until ``estimate(prompts, repeats)`` fits."""
+    prompts = list(prompts)
+    notes: list[str] = []
+    seconds = estimate(prompts, repeats)
+    if budget_seconds is None or seconds <= budget_seconds:
+        return Budgeted(prompts, repeats, seconds, ())
+    original = (len(prompts), repeats)
+    while repeats > 1 and seconds > budget_seconds:
+        repeats -= 1
+        seconds = estimate(prompts, repeats)
+    by_category: dict[str, int] = {}
+    for prompt in prompts:
+        by_category[prompt.category] = by_category.get(prompt.category, 0) + 1
+    limit = max(by_category.values())
+    while limit > 1 and seconds > budget_seconds:
+        limit -= 1
+        prompts = select_prompts(prompts, limit_per_category=limit)
+        seconds = estimate(prompts, repeats)
+    notes.append(
+        f"budget: trimmed from {original[0]} prompts x {original[1]} repeats to "
+        f"{len(prompts)} x {repeats}"
+    )
+    if seconds > budget_seconds:
+        notes.append(
+            f"budget: still estimated at {seconds / 60:.1f} min with one prompt per category "
+            "and one repetition; lower --max-tokens or select fewer systems"
+        )
+    return Budgeted(prompts, repeats, seconds, tuple(notes))
