@@ -7,13 +7,13 @@ category (down to one each); the estimate is printed before anything is timed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spectune.errors import InvalidParameterError, PromptError
+from spectune.prompts import load_prompts
 from spectune.tokenizer import Tokenizer
 
 __all__ = [
@@ -80,54 +80,26 @@ class BenchPrompt:
     tokens: tuple[int, ...]  # chat template applied
 
 
-def _read_prompt_file(path: Path | None) -> list[Any]:
-    """The project's prompt set through ``spectune.prompts`` when present; otherwise (until it
-    lands) a JSONL file of ``{"id", "category", "messages"}`` objects read here."""
-    try:
-        from spectune.prompts import load_prompts  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        load_prompts = None
-    if load_prompts is not None:
-        return list(load_prompts(path))
-    if path is None:
-        raise PromptError("no prompt set: spectune.prompts is not installed; pass --prompts FILE")
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise PromptError(f"{path}:{number}: not JSON ({exc.msg})") from exc
-    return records
-
-
-def _field(record: Any, name: str) -> Any:
-    return record[name] if isinstance(record, dict) else getattr(record, name)
-
-
 def load_bench_prompts(
     tokenizer: Tokenizer,
     path: Path | None = None,
     *,
     categories: Sequence[str] | None = None,
+    split: str | None = "test",
     limit_per_category: int | None = None,
 ) -> list[BenchPrompt]:
-    """Prompts as token ids, in file order, filtered by category and limited per category."""
-    if path is not None and not path.is_file():
-        raise PromptError(f"prompt file not found: {path}")
-    prompts = []
-    for record in _read_prompt_file(path):
-        try:
-            messages = list(_field(record, "messages"))
-            prompt = BenchPrompt(
-                str(_field(record, "id")),
-                str(_field(record, "category")),
-                tuple(tokenizer.encode_chat(messages)),
-            )
-        except (KeyError, AttributeError, TypeError) as exc:
-            raise PromptError(f"prompt record without id/category/messages: {exc}") from exc
-        prompts.append(prompt)
-    return select_prompts(prompts, categories=categories, limit_per_category=limit_per_category)
+    """Prompts as token ids (chat template applied), in file order, through
+    ``spectune.prompts`` (the shipped set when ``path`` is None). The shipped set's ``test``
+    split is held out from tuning, so reported numbers use it by default."""
+    if limit_per_category is not None and limit_per_category < 1:
+        raise InvalidParameterError("--limit-per-category must be at least 1")
+    records = load_prompts(
+        path, categories=categories, split=split, limit_per_category=limit_per_category
+    )
+    prompts = [BenchPrompt(p.id, p.category, tuple(p.tokens(tokenizer))) for p in records]
+    if not prompts:
+        raise PromptError("the benchmark has no prompts (check --categories and --split)")
+    return prompts
 
 
 def select_prompts(

@@ -74,6 +74,7 @@ def _k_plot(rows: Sequence[RowData], path: Path, title: str) -> bool:
                 linestyle="--" if r["family"] == "spectune-plain" else "-.",
                 label=r["system"],
             )
+    ax.set_xticks(sorted({r["k"] for r in fixed}))
     ax.set_xlabel("K (draft tokens per step)")
     ax.set_ylabel("tokens/s (median)")
     ax.set_title(title)

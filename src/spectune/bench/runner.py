@@ -2,20 +2,21 @@
 
 For each dtype, temperature, prompt and repetition every system runs once, and the order
 reverses on odd repetitions (A B C, C B A, ...): a machine that slows down during a run
-charges every system the same. Each system first runs one short warm-up call that is not
-recorded. At temperature > 0 a prompt's seed is the same for every system and repetition.
+charges every system the same. Each system first runs one short warm-up call per
+temperature that is not recorded (``warm_up``; its timing gives the run-time estimate).
+At temperature > 0 a prompt's seed is the same for every system and repetition.
 """
 
 from __future__ import annotations
 
-import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from spectune.bench.assemble import Workbench
 from spectune.bench.plan import BenchPrompt
-from spectune.bench.systems import CallResult, System, SystemInfo
+from spectune.bench.systems import CallResult, System
 from spectune.costs import CostCurve, measure_forward_curve
 from spectune.sampling import SamplingParams
 
@@ -27,20 +28,11 @@ __all__ = [
     "measure_curves",
     "prompt_seed",
     "run_interleaved",
+    "warm_up",
 ]
 
 CURVE_SIZES = (1, 2, 4, 8, 16)  # tokens per forward in the reported verification-cost curve
-WARMUP_TOKENS = 4
-
-# Rough cost of one call relative to spectune plain decoding, for the up-front estimate
-# only (speculation can be faster or much slower; transformers' loop has more overhead).
-_ESTIMATE_FACTOR = {
-    "spectune-plain": 1.0,
-    "spectune": 1.2,
-    "hf-generate": 1.4,
-    "hf-assisted": 2.0,
-    "hf-lookup": 1.4,
-}
+WARMUP_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -85,29 +77,38 @@ def measure_curves(workbench: Workbench, *, repeats: int = 5) -> dict[str, CostC
         from spectune.models.hf import HFModel
 
         hf = HFModel(workbench.hf_target, name="hf")
-        curves["hf"] = measure_forward_curve(hf, CURVE_SIZES, repeats=repeats)
+        with warnings.catch_warnings():
+            # transformers 5.x deprecates the adapter's ``past_key_values`` argument (kept
+            # for transformers 4.x); the warning says nothing about the measurement.
+            warnings.simplefilter("ignore", FutureWarning)
+            curves["hf"] = measure_forward_curve(hf, CURVE_SIZES, repeats=repeats)
     return curves
 
 
+def warm_up(workbench: Workbench, schedule: Schedule) -> dict[tuple[str, float], CallResult]:
+    """One short untimed-for-the-results call per system and temperature (first-call costs:
+    allocation, lazy initialisation). Its timing feeds the run-time estimate."""
+    warm: dict[tuple[str, float], CallResult] = {}
+    prompt = schedule.prompts[0].tokens
+    for temperature in schedule.temperatures:
+        params = SamplingParams(temperature=temperature, max_tokens=WARMUP_TOKENS)
+        for system in workbench.systems:
+            warm[(system.info.name, temperature)] = system.run(prompt, params, schedule.seed)
+    return warm
+
+
 def estimate_seconds(
-    systems: Sequence[SystemInfo],
-    curve: CostCurve,
-    prompts: Sequence[BenchPrompt],
-    temperatures: int,
+    warm: dict[tuple[str, float], CallResult],
+    prompts: int,
     repeats: int,
     max_tokens: int,
 ) -> float:
-    """Rough wall time of one dtype's loop, from the target's measured forward times."""
-    step = curve.seconds[0]
-    per_pass = 0.0
-    for prompt in prompts:
-        plain_call = curve.time(len(prompt.tokens)) + max_tokens * step
-        per_pass += sum(plain_call * _ESTIMATE_FACTOR[s.family] for s in systems)
-    warmup = sum(
-        (curve.time(len(prompts[0].tokens)) + WARMUP_TOKENS * step) * _ESTIMATE_FACTOR[s.family]
-        for s in systems
+    """Rough wall time of one dtype's loop: each system's warm-up seconds per token, scaled
+    to ``max_tokens`` (prefill included in the per-token cost, so it errs long)."""
+    per_pass = sum(
+        result.seconds * max_tokens / max(1, len(result.tokens)) for result in warm.values()
     )
-    return per_pass * temperatures * repeats + warmup * temperatures
+    return per_pass * prompts * repeats
 
 
 Listener = Callable[[Measurement], Any]
@@ -120,9 +121,6 @@ def run_interleaved(
     measurements: list[Measurement] = []
     systems = list(workbench.systems)
     for temperature in schedule.temperatures:
-        warm = SamplingParams(temperature=temperature, max_tokens=WARMUP_TOKENS)
-        for system in systems:
-            system.run(schedule.prompts[0].tokens, warm, schedule.seed)
         params = SamplingParams(temperature=temperature, max_tokens=schedule.max_tokens)
         for index, prompt in enumerate(schedule.prompts):
             seed = prompt_seed(schedule.seed, index)
@@ -144,7 +142,3 @@ def run_interleaved(
                     if listener is not None:
                         listener(measurement)
     return measurements
-
-
-def elapsed(start: float) -> float:
-    return time.perf_counter() - start

@@ -1,8 +1,8 @@
 """One benchmark session: loaded workbenches and prompts in, results.json/.md and PNGs out.
 
-Steps: (1) measure each target's verification-cost curve; (2) estimate the run time from
-it and trim to the budget, up front; (3) run every system interleaved under a live view;
-(4) summarize, write the files, print the headline table.
+Steps: (1) measure each target's verification-cost curve; (2) warm every system up,
+estimate the run time from those calls and trim to the budget, up front; (3) run every
+system interleaved under a live view; (4) summarize, write the files, print the headline table.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from spectune.bench.runner import (
     estimate_seconds,
     measure_curves,
     run_interleaved,
+    warm_up,
 )
 from spectune.bench.summary import summarize
 from spectune.bench.systems import SystemInfo
@@ -84,18 +85,16 @@ def run_session(
     # 1. Costs on this machine, now.
     curves = {w.dtype: measure_curves(w, repeats=curve_repeats) for w in workbenches}
 
-    # 2. Estimate and budget, before anything is timed.
+    # 2. Warm every system up (untimed for the results), estimate from those calls, and
+    #    fit the budget, before anything is timed.
+    schedule = Schedule(
+        tuple(prompts), config.temperatures, config.repeats, config.max_tokens, config.seed
+    )
+    warm = [warm_up(w, schedule) for w in workbenches]
+
     def estimate(candidates: Sequence[BenchPrompt], repeats: int) -> float:
         return sum(
-            estimate_seconds(
-                [s.info for s in w.systems],
-                curves[w.dtype]["spectune"],
-                candidates,
-                len(config.temperatures),
-                repeats,
-                config.max_tokens,
-            )
-            for w in workbenches
+            estimate_seconds(per, len(candidates), repeats, config.max_tokens) for per in warm
         )
 
     budget = None if config.budget_minutes is None else 60 * config.budget_minutes
@@ -116,7 +115,7 @@ def run_session(
         f"{len(infos)} systems x {len(schedule.prompts)} prompts x "
         f"{len(schedule.temperatures)} temperature(s) x {schedule.repeats} repetition(s) x "
         f"{len(workbenches)} dtype(s) = {total} calls; estimated run time "
-        f"{budgeted.estimate_seconds / 60:.1f} min (rough, from the measured forward time)"
+        f"{budgeted.estimate_seconds / 60:.1f} min (from each system's warm-up call)"
     )
 
     # 3. Run, interleaved, under the live view.

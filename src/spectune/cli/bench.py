@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--prompts", type=Path, default=None, help="JSONL prompt file")
     parser.add_argument("--categories", default=None, help="comma-separated categories to keep")
     parser.add_argument("--limit-per-category", type=int, default=None)
+    parser.add_argument(
+        "--split", default="test", help="prompt split: test (held out, default), dev, or all"
+    )
     parser.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,0.7")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -67,6 +69,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -92,9 +97,30 @@ def config_from_args(args: argparse.Namespace) -> Any:
     )
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The run as one canonical command line, for the report (every option, explicit)."""
+    parts = ["spectune", "bench", "--target", args.target]
+    for draft in args.draft or []:
+        parts += ["--draft", draft]
+    if args.prompts is not None:
+        parts += ["--prompts", str(args.prompts)]
+    for flag in ("categories", "limit_per_category", "budget_minutes", "threads"):
+        value = getattr(args, flag)
+        if value is not None:
+            parts += ["--" + flag.replace("_", "-"), str(value)]
+    for dtype in args.dtype or []:
+        parts += ["--dtype", dtype]
+    for flag in ("split", "temperatures", "max_tokens", "repeats", "k", "policies", "systems"):
+        parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    parts += ["--prompt-lookup-tokens", str(args.prompt_lookup_tokens), "--seed", str(args.seed)]
+    parts += ["--out", str(args.out)]
+    return shlex.join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     import tempfile
 
+    import torch
     from rich.console import Console
     from transformers.utils import logging as hf_logging
 
@@ -103,7 +129,12 @@ def run(args: argparse.Namespace) -> int:
     from spectune.bench.session import run_session
 
     config = config_from_args(args)
-    hf_logging.disable_progress_bar()  # GGUF conversion bars would break the live view
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidParameterError("--threads must be at least 1")
+        torch.set_num_threads(args.threads)
+    # GGUF conversion progress bars would break the live view.
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     console = Console()
     workbenches = []
     prompts = None
@@ -117,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
                     loaded.tokenizer,
                     args.prompts,
                     categories=_names(args.categories) if args.categories else None,
+                    split=None if args.split == "all" else args.split,
                     limit_per_category=args.limit_per_category,
                 )
         assert prompts is not None  # at least one dtype
@@ -126,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             prompts,
             out=args.out,
             console=console,
-            command="spectune bench " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []),
+            command=command_line(args),
             plots=not args.no_plots,
         )
     return 0
