@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 
 from bench_fixtures import make_models, make_prompts
-from spectune.bench.assemble import Workbench, build_systems, random_draft
+from spectune.bench.assemble import Workbench, build_systems, measure_curves, random_draft
 from spectune.bench.plan import BenchConfig, BenchPrompt, fit_budget
 from spectune.bench.report import COLUMNS, cell
 from spectune.bench.session import run_session
@@ -143,7 +143,7 @@ def test_equality_check_flags_a_wrong_system(tmp_path: Path) -> None:
     good = systems[1]
     assert isinstance(good, SpectuneSystem)
     systems.append(OneTokenOff(good, target.info.vocab_size))
-    bench = Workbench("fp32", target, None, systems)
+    bench = Workbench("fp32", target, None, systems, measure_curves(target, None, repeats=1))
     prompts = [BenchPrompt(f"p{i}", "c", tuple(range(5 + i, 15 + i))) for i in range(3)]
     with open(tmp_path / "log.txt", "w") as log:
         data = run_session(
@@ -153,7 +153,6 @@ def test_equality_check_flags_a_wrong_system(tmp_path: Path) -> None:
             out=tmp_path,
             console=Console(file=log),
             command="test",
-            curve_repeats=1,
             plots=False,
         )
     rows = {r["system"]: r for r in data["rows"] if r["category"] == ALL}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 from spectune.bench.plan import BenchConfig
 from spectune.bench.systems import HFSystem, SpectuneSystem, System, SystemInfo
 from spectune.control.base import FixedK, KPolicy
+from spectune.costs import CostCurve, measure_forward_curve
 from spectune.drafters.base import Drafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
@@ -39,9 +41,11 @@ __all__ = [
     "adaptive_policy",
     "build_systems",
     "load_workbench",
+    "measure_curves",
     "random_draft",
 ]
 
+CURVE_SIZES = (1, 2, 4, 8, 16)  # tokens per forward in the reported verification-cost curve
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 RANDOM_DRAFT_SCALE = 8.0  # logit spread of the random draft: confident and wrong
 
@@ -63,6 +67,7 @@ class Workbench:
     target: LanguageModel
     hf_target: Any | None  # transformers model of the same checkpoint, when HF systems run
     systems: list[System]
+    curves: dict[str, CostCurve]  # verification-cost curve per runtime ("spectune", "hf")
     notes: list[str] = field(default_factory=list)
 
 
@@ -88,16 +93,23 @@ def random_draft(target: ModelInfo, *, seed: int = 0) -> LlamaLM:
     return LlamaLM(model.net, name="random")
 
 
-def adaptive_policy(name: str) -> Callable[[SamplingParams], KPolicy]:
-    """A factory for the named adaptive policy from ``spectune.control``'s registry.
+def adaptive_policy(name: str, cost_curve: CostCurve | None) -> Callable[[SamplingParams], KPolicy]:
+    """A factory for the named adaptive policy from ``spectune.control``'s registry, given the
+    target's measured verification curve when the registry takes one.
 
     Raises ImportError when the registry is not installed and any error the registry
     raises for this name; the caller turns either into a note and skips the policy.
     """
+    import inspect
+
     from spectune.control import make_policy  # type: ignore[attr-defined,unused-ignore]
 
+    extra: dict[str, Any] = {}
+    if "cost_curve" in inspect.signature(make_policy).parameters:
+        extra["cost_curve"] = cost_curve
+
     def make(params: SamplingParams) -> KPolicy:
-        policy: KPolicy = make_policy(name, None, params=params)
+        policy: KPolicy = make_policy(name, None, params=params, **extra)
         return policy
 
     make(SamplingParams())  # fail now, at set-up, rather than in the middle of the run
@@ -114,6 +126,7 @@ def build_systems(
     hf_target: Any | None,
     drafts: list[DraftSource],
     notes: list[str],
+    cost_curve: CostCurve | None = None,
 ) -> list[System]:
     """Systems in table order: baselines first, then spectune, then transformers' drafting."""
     info = target.info
@@ -132,7 +145,7 @@ def build_systems(
         policies: list[tuple[str, Callable[[SamplingParams], KPolicy]]] = []
         for name in config.policies:
             try:
-                policies.append((name, adaptive_policy(name)))
+                policies.append((name, adaptive_policy(name, cost_curve)))
             except Exception as exc:  # a missing registry or a bad name: skip, say why
                 notes.append(f"policy '{name}' skipped: {type(exc).__name__}: {exc}")
         for draft in drafts:
@@ -183,9 +196,10 @@ def _hf_model(path: Path, dtype: torch.dtype) -> Any:
 
 
 def load_workbench(
-    config: BenchConfig, dtype_name: str, scratch: Path | None = None
+    config: BenchConfig, dtype_name: str, scratch: Path | None = None, *, curve_repeats: int = 5
 ) -> tuple[Workbench, Loaded]:
-    """Load the target (and drafts) in one dtype and build the systems.
+    """Load the target (and drafts) in one dtype, measure its verification-cost curve (the
+    ``cost`` policy and the analytic bound need it) and build the systems.
 
     ``scratch`` holds the random draft's HF folder for transformers (a temporary folder
     when None).
@@ -223,5 +237,24 @@ def load_workbench(
             label = path.stem if path.is_file() else path.name
             drafts.append(DraftSource(label, drafter, assistant))
     notes: list[str] = []
-    systems = build_systems(config, loaded.model, hf_target, drafts, notes)
-    return Workbench(dtype_name, loaded.model, hf_target, systems, notes), loaded
+    curves = measure_curves(loaded.model, hf_target, repeats=curve_repeats)
+    systems = build_systems(config, loaded.model, hf_target, drafts, notes, curves["spectune"])
+    return Workbench(dtype_name, loaded.model, hf_target, systems, curves, notes), loaded
+
+
+def measure_curves(
+    target: LanguageModel, hf_target: Any | None, *, repeats: int = 5
+) -> dict[str, CostCurve]:
+    """Verification-cost curves of the target in spectune's runtime and, if loaded, through
+    transformers (``spectune.models.hf`` wraps the same transformers model)."""
+    curves = {"spectune": measure_forward_curve(target, CURVE_SIZES, repeats=repeats)}
+    if hf_target is not None:
+        from spectune.models.hf import HFModel
+
+        with warnings.catch_warnings():
+            # transformers 5.x deprecates the adapter's ``past_key_values`` argument (kept
+            # for transformers 4.x); the warning says nothing about the measurement.
+            warnings.simplefilter("ignore", FutureWarning)
+            hf = HFModel(hf_target, name="hf")
+            curves["hf"] = measure_forward_curve(hf, CURVE_SIZES, repeats=repeats)
+    return curves

@@ -9,7 +9,6 @@ At temperature > 0 a prompt's seed is the same for every system and repetition.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,21 +16,17 @@ from typing import Any
 from spectune.bench.assemble import Workbench
 from spectune.bench.plan import BenchPrompt
 from spectune.bench.systems import CallResult, System
-from spectune.costs import CostCurve, measure_forward_curve
 from spectune.sampling import SamplingParams
 
 __all__ = [
-    "CURVE_SIZES",
     "Measurement",
     "Schedule",
     "estimate_seconds",
-    "measure_curves",
     "prompt_seed",
     "run_interleaved",
     "warm_up",
 ]
 
-CURVE_SIZES = (1, 2, 4, 8, 16)  # tokens per forward in the reported verification-cost curve
 WARMUP_TOKENS = 8
 
 
@@ -67,22 +62,6 @@ class Schedule:
 def prompt_seed(base: int, index: int) -> int:
     """The fixed seed of prompt ``index`` (shared by every system and repetition)."""
     return base * 100_003 + index
-
-
-def measure_curves(workbench: Workbench, *, repeats: int = 5) -> dict[str, CostCurve]:
-    """Verification-cost curves of the target in spectune's runtime and, if loaded, through
-    transformers (``spectune.models.hf`` wraps the same transformers model)."""
-    curves = {"spectune": measure_forward_curve(workbench.target, CURVE_SIZES, repeats=repeats)}
-    if workbench.hf_target is not None:
-        from spectune.models.hf import HFModel
-
-        hf = HFModel(workbench.hf_target, name="hf")
-        with warnings.catch_warnings():
-            # transformers 5.x deprecates the adapter's ``past_key_values`` argument (kept
-            # for transformers 4.x); the warning says nothing about the measurement.
-            warnings.simplefilter("ignore", FutureWarning)
-            curves["hf"] = measure_forward_curve(hf, CURVE_SIZES, repeats=repeats)
-    return curves
 
 
 def warm_up(workbench: Workbench, schedule: Schedule) -> dict[tuple[str, float], CallResult]:

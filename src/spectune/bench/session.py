@@ -1,6 +1,6 @@
 """One benchmark session: loaded workbenches and prompts in, results.json/.md and PNGs out.
 
-Steps: (1) measure each target's verification-cost curve; (2) warm every system up,
+Steps: (1) each target's verification-cost curve (measured at loading); (2) warm every system up,
 estimate the run time from those calls and trim to the budget, up front; (3) run every
 system interleaved under a live view; (4) summarize, write the files, print the headline table.
 """
@@ -27,7 +27,6 @@ from spectune.bench.runner import (
     Measurement,
     Schedule,
     estimate_seconds,
-    measure_curves,
     run_interleaved,
     warm_up,
 )
@@ -77,13 +76,12 @@ def run_session(
     out: Path,
     console: Console,
     command: str,
-    curve_repeats: int = 5,
     plots: bool = True,
 ) -> dict[str, Any]:
     start = time.perf_counter()
     notes = [note for w in workbenches for note in w.notes]
-    # 1. Costs on this machine, now.
-    curves = {w.dtype: measure_curves(w, repeats=curve_repeats) for w in workbenches}
+    # 1. Costs on this machine, measured when the workbenches were loaded.
+    curves = {w.dtype: w.curves for w in workbenches}
 
     # 2. Warm every system up (untimed for the results), estimate from those calls, and
     #    fit the budget, before anything is timed.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -133,8 +134,9 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise InvalidParameterError("--threads must be at least 1")
         torch.set_num_threads(args.threads)
-    # GGUF conversion progress bars would break the live view.
+    # Progress bars of GGUF conversion (plain tqdm in transformers) would break the live view.
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    os.environ.setdefault("TQDM_DISABLE", "1")
     console = Console()
     workbenches = []
     prompts = None
