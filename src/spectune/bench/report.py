@@ -171,6 +171,7 @@ def markdown(data: dict[str, Any]) -> str:
                 ]
             )
         lines += _table(["system", *categories, ALL], body)
+        lines += _head_to_head(overall, dtype, temperature)
     lines += _runtime_section(rows) + _curve_section(data["curves"])
     lines += ["", "## Greedy equality", ""]
     if data["mismatches"]:
@@ -188,6 +189,45 @@ def markdown(data: dict[str, Any]) -> str:
     if data["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in data["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _head_to_head(overall: Sequence[RowData], dtype: str, temperature: float) -> list[str]:
+    """Per drafter: spectune's best fixed K and adaptive policies against transformers with
+    the same draft (assisted generation; for the n-gram drafter, prompt lookup). x plain."""
+    spectune = [r for r in overall if r["family"] == "spectune"]
+    policies = sorted({r["policy"] for r in spectune} - {"fixed"})
+    body = []
+    for drafter in dict.fromkeys(r["drafter"] for r in spectune):
+        own = [r for r in spectune if r["drafter"] == drafter]
+        fixed = [r for r in own if r["policy"] == "fixed"]
+        best = max(fixed, key=lambda r: r["speedup_vs_plain"] or 0.0, default=None)
+        line = [
+            drafter,
+            "—" if best is None else f"K={best['k']}: {_num(best['speedup_vs_plain'], 2, 'x')}",
+        ]
+        for policy in policies:
+            match = [r for r in own if r["policy"] == policy]
+            line.append(_num(match[0]["speedup_vs_plain"], 2, "x") if match else "—")
+        if drafter == "ngram":
+            hf = [r for r in overall if r["family"] == "hf-lookup"]
+        else:
+            hf = [r for r in overall if r["family"] == "hf-assisted" and r["drafter"] == drafter]
+        default = [r for r in hf if r["policy"] in ("hf-default", "hf-lookup")]
+        heuristic = [r for r in hf if r["policy"] == "hf-heuristic"]
+        for match in (default, heuristic):
+            line.append(_num(match[0]["speedup_vs_plain"], 2, "x") if match else "—")
+        body.append(line)
+    if not body:
+        return []
+    headers = ["drafter", "spectune best fixed K", *(f"spectune {p}" for p in policies)]
+    headers += ["HF default (n-gram: prompt lookup)", "HF heuristic"]
+    return [
+        "",
+        f"Head to head with the same drafter, speedup over spectune plain ({dtype}, "
+        f"T = {temperature:g}):",
+        "",
+        *_table(headers, body),
+    ]
 
 
 def _runtime_section(rows: Sequence[RowData]) -> list[str]:

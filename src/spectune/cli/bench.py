@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
+import io
 import shlex
 from pathlib import Path
 from typing import Any
@@ -134,16 +135,17 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise InvalidParameterError("--threads must be at least 1")
         torch.set_num_threads(args.threads)
-    # Progress bars of GGUF conversion (plain tqdm in transformers) would break the live view.
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    os.environ.setdefault("TQDM_DISABLE", "1")
     console = Console()
     workbenches = []
     prompts = None
     with tempfile.TemporaryDirectory(prefix="spectune-bench-") as scratch:
         for dtype in config.dtypes:
             console.print(f"loading {config.target} ({dtype}) and drafts {list(config.drafters)}")
-            workbench, loaded = load_workbench(config, dtype, Path(scratch) / dtype)
+            # transformers' GGUF conversion draws a plain tqdm bar on stderr; keep it out of
+            # the report (errors still raise).
+            with contextlib.redirect_stderr(io.StringIO()):
+                workbench, loaded = load_workbench(config, dtype, Path(scratch) / dtype)
             workbenches.append(workbench)
             if prompts is None:
                 prompts = load_bench_prompts(
