@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "BatchFullError",
     "DrafterError",
     "IncompatibleModelsError",
     "InvalidParameterError",
@@ -34,3 +35,7 @@ class PromptError(SpectuneError, ValueError):
 
 class DrafterError(SpectuneError):
     """A drafter raised or returned something the verifier cannot use."""
+
+
+class BatchFullError(SpectuneError):
+    """Every row of a batch is taken; retry after a sequence finishes."""

@@ -94,3 +94,28 @@ class StaticKVCache:
         for layer in range(len(self.keys)):
             self.keys[layer][row, :, dst] = self.keys[layer][row, :, src].clone()
             self.values[layer][row, :, dst] = self.values[layer][row, :, src].clone()
+
+    def rows(self, start: int, stop: int) -> StaticKVCache:
+        """A cache over rows ``[start, stop)`` that shares this cache's key/value storage.
+
+        Used by batched decoding to run a forward over the active rows only. Writes through
+        the view land in this cache; the view's ``lengths`` are a copy, so the caller
+        writes them back (``cache.lengths[start:stop] = view.lengths``) when done.
+        """
+        if not 0 <= start < stop <= self.batch_size:
+            raise ValueError(f"rows [{start}, {stop}) outside a batch of {self.batch_size}")
+        view = StaticKVCache.__new__(StaticKVCache)
+        view.keys = [k[start:stop] for k in self.keys]  # slicing dim 0 is a view, not a copy
+        view.values = [v[start:stop] for v in self.values]
+        view.lengths = self.lengths[start:stop]
+        view._capacity = self._capacity
+        return view
+
+    def copy_row(self, src: int, dst: int) -> None:
+        """Make row ``dst`` hold what row ``src`` holds (slots below its length, and the
+        length). Batched decoding uses it to keep active sequences in the leading rows."""
+        used = self.lengths[src]
+        for layer in range(len(self.keys)):
+            self.keys[layer][dst, :, :used] = self.keys[layer][src, :, :used]
+            self.values[layer][dst, :, :used] = self.values[layer][src, :, :used]
+        self.lengths[dst] = used

@@ -68,6 +68,9 @@ def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
         # mass strictly before it already reaches top_p. The first token always stays.
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
         drop_sorted = mass_before >= params.top_p
+        # Enforced, not assumed: a top_p below fp32's smallest number rounds to 0 and
+        # would otherwise drop every token (NaN probabilities).
+        drop_sorted[..., 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)

@@ -45,6 +45,12 @@ class VerifyResult:
     tokens: tuple[int, ...]  # emitted: the accepted draft tokens, then a recovered or bonus token
     bonus: bool  # every draft token was accepted, so the last token is the bonus token
 
+    @property
+    def path(self) -> tuple[int, ...]:
+        """Chunk indices of the accepted tokens (index 0, the pending token, excluded):
+        ``1..num_accepted`` for a chain; a tree's result overrides it."""
+        return tuple(range(1, self.num_accepted + 1))
+
 
 def verify_greedy(
     draft_tokens: Tensor,  # [k] int64

@@ -8,8 +8,18 @@ import sys
 from typing import Any
 
 from spectune.cli.common import add_model_args, add_sampling_args, parse_dtype, sampling_from_args
-from spectune.control.base import FixedK
-from spectune.engine import Generation, SpeculativeEngine, validate_k
+from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
+from spectune.control.base import FixedK, KPolicy
+from spectune.control.registry import build_policy
+from spectune.drafters.base import Drafter
+from spectune.drafters.model import ModelDrafter
+from spectune.drafters.tree import TreeDrafter, TreeShape
+from spectune.engine import Generation, SpeculativeEngine
+from spectune.errors import InvalidParameterError
+from spectune.models.base import LanguageModel
+from spectune.models.llama import LlamaLM
+from spectune.monitor.hub import Monitor, RequestMonitor
+from spectune.monitor.trace import TraceWriter
 from spectune.pairing import load_drafter, load_target
 from spectune.sampling import SamplingParams
 from spectune.textgen import stream_text
@@ -25,8 +35,23 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--system", help="system message for --chat")
     add_model_args(parser)
     add_sampling_args(parser)
-    parser.add_argument("-k", "--k", type=int, default=4, help="draft tokens per step")
+    add_policy_args(parser)
     parser.add_argument("--compare", action="store_true", help="also decode without speculation")
+    parser.add_argument(
+        "--tree-width",
+        type=int,
+        default=None,
+        help="draft a token tree: children per expanded node (needs a draft model; K = depth)",
+    )
+    parser.add_argument(
+        "--tree-nodes", type=int, default=None, help="node budget of a token tree (default 16)"
+    )
+    parser.add_argument(
+        "--tree-min-prob",
+        type=float,
+        default=0.0,
+        help="expand only tree nodes whose cumulative draft probability reaches this",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
     parser.set_defaults(run=run)
 
@@ -39,7 +64,8 @@ def prompt_tokens(args: argparse.Namespace, tokenizer: Tokenizer) -> list[int]:
     return tokenizer.encode(args.prompt or "")
 
 
-def summary(gen: Generation) -> dict[str, Any]:
+def summary(gen: Generation, watch: RequestMonitor | None = None) -> dict[str, Any]:
+    fallbacks = {} if watch is None else dict(watch.snapshot().fallback_steps)
     return {
         "tokens": len(gen.tokens),
         "steps": len(gen.steps),
@@ -51,6 +77,9 @@ def summary(gen: Generation) -> dict[str, Any]:
         "finish_reason": gen.finish_reason,
         "prefill_seconds": round(gen.prefill_time, 4),
         "decode_seconds": round(gen.decode_time, 4),
+        # token-level fallbacks (rejections resampled) and steps under each other fallback
+        "rejections": sum(1 for s in gen.steps if s.accepted < s.drafted),
+        "fallback_steps": fallbacks,
     }
 
 
@@ -59,12 +88,15 @@ def decode(
     tokenizer: Tokenizer,
     prompt: list[int],
     params: SamplingParams,
-    k: int,
+    policy: KPolicy,
     echo: bool,
+    watch: RequestMonitor | None = None,
 ) -> tuple[Generation, str]:
     gen = Generation(prompt_tokens=prompt)
     text: list[str] = []
-    for chunk in stream_text(engine, tokenizer, prompt, params, policy=FixedK(k)):
+    for chunk in stream_text(engine, tokenizer, prompt, params, policy=policy):
+        if watch is not None:
+            watch.observe(chunk.record)
         gen.tokens.extend(chunk.record.emitted)
         gen.steps.append(chunk.record)
         gen.finish_reason = chunk.record.finish_reason
@@ -75,28 +107,68 @@ def decode(
     return gen, "".join(text)
 
 
+def tree_drafter(
+    drafter: Drafter | None, target: LanguageModel, args: argparse.Namespace
+) -> TreeDrafter:
+    """Turn a draft model into a tree drafter; trees need masks only the native runtime has."""
+    if not isinstance(drafter, ModelDrafter):
+        raise InvalidParameterError("--tree-width/--tree-nodes need a draft model (--draft)")
+    if not isinstance(target, LlamaLM) or not isinstance(drafter.model, LlamaLM):
+        raise InvalidParameterError(
+            "token trees need the native runtime for target and draft (--runtime native)"
+        )
+    shape = TreeShape(
+        width=args.tree_width if args.tree_width is not None else 2,
+        nodes=args.tree_nodes if args.tree_nodes is not None else 16,
+        min_path_prob=args.tree_min_prob,
+    )
+    return TreeDrafter(drafter.model, shape)
+
+
 def run(args: argparse.Namespace) -> int:
-    k = validate_k(args.k)
+    spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
+    policy = build_policy(spec, params=params)  # checks the options before loading models
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype=dtype, runtime=args.runtime)
     drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
+    if args.tree_width is not None or args.tree_nodes is not None:
+        drafter = tree_drafter(drafter, target.model, args)
     prompt = prompt_tokens(args, target.tokenizer)
     engine = SpeculativeEngine(target.model, drafter)
-    echo = not args.json
-    gen, text = decode(engine, target.tokenizer, prompt, params, k, echo)
-    report: dict[str, Any] = {
-        "text": text,
+    info = {
+        "policy": spec.name,
+        "options": dict(spec.options),
+        "temperature": params.temperature,
         "target": target.model.info.name,
         "drafter": drafter.name if drafter else "none",
-        "k": k,
         "prompt_tokens": len(prompt),
-        "speculative": summary(gen),
     }
-    if args.compare:
-        plain, _ = decode(
-            SpeculativeEngine(target.model), target.tokenizer, prompt, params, 0, False
-        )
+    trace = TraceWriter(args.trace) if args.trace else None
+    try:
+        watch = Monitor(trace=trace).request(policy=policy, info=info)
+        gen, text = decode(engine, target.tokenizer, prompt, params, policy, not args.json, watch)
+        watch.finish()
+        plain = None
+        if args.compare:
+            plain_engine = SpeculativeEngine(target.model)
+            plain, _ = decode(plain_engine, target.tokenizer, prompt, params, FixedK(0), False)
+            if trace is not None:  # a later request event adds to the info: the baseline
+                baseline = {"baseline_tokens_per_second": plain.tokens_per_second}
+                trace.request_started(watch.request_id, baseline)
+    finally:
+        if trace is not None:
+            trace.close()
+    report: dict[str, Any] = {
+        "text": text,
+        "target": info["target"],
+        "drafter": info["drafter"],
+        "policy": spec.name,
+        "k": gen.steps[0].k if gen.steps else 0,
+        "prompt_tokens": len(prompt),
+        "speculative": summary(gen, watch),
+    }
+    if plain is not None:
         report["plain"] = summary(plain)
         report["speedup"] = round(
             gen.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else 0.0, 3
@@ -116,7 +188,8 @@ def print_summary(report: dict[str, Any]) -> None:
 
     console = Console(stderr=False)
     console.print()
-    table = Table(title=f"{report['target']} with drafter {report['drafter']} (K = {report['k']})")
+    title = f"{report['target']} with drafter {report['drafter']}"
+    table = Table(title=f"{title}, policy {report['policy']} (first K = {report['k']})")
     table.add_column("")
     table.add_column("speculative", justify="right")
     if "plain" in report:
@@ -127,6 +200,7 @@ def print_summary(report: dict[str, Any]) -> None:
         ("acceptance rate", "acceptance_rate"),
         ("mean accepted length", "mean_accepted_length"),
         ("steps", "steps"),
+        ("rejections (token fallback)", "rejections"),
         ("finish", "finish_reason"),
     ]
     for label, key in rows:
@@ -135,6 +209,9 @@ def print_summary(report: dict[str, Any]) -> None:
             cells.append(str(report["plain"][key]))
         table.add_row(label, *cells)
     console.print(table)
+    fallbacks = report["speculative"]["fallback_steps"]
+    listed = ", ".join(f"{kind} {n}" for kind, n in sorted(fallbacks.items()))
+    console.print(f"steps under fallback: {listed or 'none'}")
     if "speedup" in report:
         line = f"speedup over plain decoding: {report['speedup']:.2f}x"
         if "identical_to_plain" in report:

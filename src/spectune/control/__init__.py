@@ -1,5 +1,46 @@
-"""K policies (controllers) for speculative decoding."""
+"""K policies (controllers) for speculative decoding, and the fallback checks around them.
 
-from spectune.control.base import FixedK, KPolicy
+Build one per request by name: ``make_policy("threshold" | "cost" | "fixed", options,
+params=..., cost_curve=...)``.
+"""
 
-__all__ = ["FixedK", "KPolicy"]
+from spectune.control.base import FixedK, KPolicy, PolicyState, ReportsState
+from spectune.control.config import PolicySpec, load_policy_file, parse_policy_opts, policy_spec
+from spectune.control.cost import CostConfig, CostK
+from spectune.control.fallback import (
+    FallbackCheck,
+    GlobalFallback,
+    GlobalFallbackConfig,
+    Guarded,
+    Hold,
+    LocalFallback,
+    LocalFallbackConfig,
+)
+from spectune.control.registry import DEFAULT_POLICY, POLICIES, build_policy, make_policy
+from spectune.control.threshold import ThresholdConfig, ThresholdK
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "CostConfig",
+    "CostK",
+    "FallbackCheck",
+    "FixedK",
+    "GlobalFallback",
+    "GlobalFallbackConfig",
+    "Guarded",
+    "Hold",
+    "KPolicy",
+    "LocalFallback",
+    "LocalFallbackConfig",
+    "PolicySpec",
+    "PolicyState",
+    "ReportsState",
+    "ThresholdConfig",
+    "ThresholdK",
+    "build_policy",
+    "load_policy_file",
+    "make_policy",
+    "parse_policy_opts",
+    "policy_spec",
+]

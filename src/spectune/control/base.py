@@ -6,12 +6,15 @@ Policies own their state (one instance per request) and never touch models or co
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 if TYPE_CHECKING:
     from spectune.engine import StepRecord
 
-__all__ = ["FixedK", "KPolicy"]
+__all__ = ["FixedK", "KPolicy", "PolicyState", "ReportsState"]
+
+# A policy's inner state as flat JSON-ready values, for the step trace and the report.
+PolicyState: TypeAlias = dict[str, float | int | str | bool | None]
 
 
 @runtime_checkable
@@ -27,6 +30,15 @@ class KPolicy(Protocol):
     @property
     def reason(self) -> str | None:
         """Why the policy currently holds speculation off, or None."""
+        ...
+
+
+@runtime_checkable
+class ReportsState(Protocol):
+    """Optional: a policy that can show its state (the trace records it after each step)."""
+
+    def state(self) -> PolicyState:
+        """Flat, JSON-ready values; reading them never changes the policy."""
         ...
 
 
@@ -47,3 +59,6 @@ class FixedK:
     @property
     def reason(self) -> str | None:
         return None
+
+    def state(self) -> PolicyState:
+        return {"k": self.k}

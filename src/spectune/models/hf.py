@@ -6,6 +6,7 @@ runtime feature: this adapter decodes one sequence per cache and a causal chunk.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,9 @@ class HFCache:
 class HFModel:
     def __init__(self, model: Any, name: str) -> None:
         self.model = model.eval()
+        # transformers renamed ``past_key_values`` to ``cache`` (5.x); use whichever it takes.
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
         cfg = model.config
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         eos = (
@@ -104,11 +108,11 @@ class HFModel:
         cache_position = torch.arange(start, start + chunk)
         out = self.model(
             input_ids=tokens,
-            past_key_values=cache.inner,
             use_cache=True,
             cache_position=cache_position,
             position_ids=(cache_position[None] if positions is None else positions),
             output_hidden_states=True,
+            **{self._cache_arg: cache.inner},
         )
         cache._length = start + chunk
         return ModelOutput(logits=out.logits, hidden=out.hidden_states[-1])

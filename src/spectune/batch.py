@@ -1,0 +1,386 @@
+"""Batched speculative decoding: B sequences advance together, joining and leaving freely.
+
+The server's continuous batching runs on this. Each ``step()`` advances every active
+sequence by one speculative step:
+
+1. K per sequence from its own policy (0 above ``speculate_max_batch`` active sequences,
+   where speculation stops paying, and for sequences whose drafter failed).
+2. Draft: one draft pass per draft step over the batch (``spectune.batch_draft``).
+3. One target pass over ``[batch, 1 + max K]``: row b is ``[pending_b, draft_b..., pad]``.
+4. Per sequence: verify (``engine.verify_draft``), roll back its row to what it kept,
+   stop (``engine.cut_at_stops``), tell its drafter and policy.
+5. Finished sequences leave the batch.
+
+Layout: the n active sequences occupy rows ``0..n-1`` of one target cache (and one draft
+cache); forwards run over those rows only. When a sequence leaves, the last row's
+sequence is copied into its row, so the active rows stay a prefix.
+
+Ragged rows: each row holds its own length. A row with fewer tokens than the chunk is
+padded *after* its real tokens; causal attention keeps the real tokens blind to the
+padding, and truncating the row to its own length forgets it. Every row can therefore be
+written up to ``CHUNK_SLACK`` slots past its length (a chain or tree and padding), which
+the caches reserve.
+
+Exactness: a sequence's result equals decoding it alone with ``SpeculativeEngine``: the
+same K, the same draft tokens, the same verification, the same random numbers from its
+own generator in the same order. The only difference is floating point: a batched matmul
+may round differently from a single-row one, which can flip a greedy near-tie.
+Step times in the records are the batch's (every sequence of a step shares them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from spectune.batch_draft import (
+    BatchDrafter,
+    BatchModelDrafter,
+    DraftRequest,
+    PerSequenceDrafters,
+    forward_row,
+    forward_rows,
+)
+from spectune.control.base import FixedK, KPolicy
+from spectune.crossover import load_crossover
+from spectune.drafters.base import Draft, Drafter, TargetFeatures
+from spectune.drafters.ngram import NgramDrafter
+from spectune.engine import (
+    CHUNK_SLACK,
+    StepRecord,
+    StopCondition,
+    check_draft,
+    cut_at_stops,
+    fit_to_room,
+    verify_draft,
+)
+from spectune.errors import BatchFullError, InvalidParameterError, PromptError
+from spectune.kv_cache import StaticKVCache
+from spectune.models.base import LanguageModel
+from spectune.sampling import SamplingParams
+from spectune.tree import chain_parents, keep_path, tree_layout
+
+__all__ = ["BatchEngine", "SequenceUpdate"]
+
+SLACK = CHUNK_SLACK  # slots a row may be written past its length (chunk and padding)
+
+
+@dataclass(frozen=True)
+class SequenceUpdate:
+    """What one step did for one sequence."""
+
+    request_id: str
+    record: StepRecord
+
+
+@dataclass
+class _Sequence:
+    """A request's mutable decoding state, owned by the engine."""
+
+    request_id: str
+    params: SamplingParams
+    generator: torch.Generator
+    policy: KPolicy
+    stop: StopCondition | None
+    context: list[int]  # prompt + output, the pending (last) token included
+    capacity: int  # most tokens this sequence may hold, as the single engine computes it
+    row: int
+    output: list[int] = field(default_factory=list)
+    drafter_failure: str | None = None
+    index: int = 0
+
+
+def _no_draft(_: int) -> Draft:
+    return Draft(torch.zeros(0, dtype=torch.long), None)
+
+
+def tree_inputs(
+    drafts: Sequence[Draft], lengths: Sequence[int], width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row positions [rows, width] and chunk mask [rows, width, width] when some row
+    drafted a tree: chains get the causal layout, padding sees only itself."""
+    rows = len(drafts)
+    positions = torch.zeros(rows, width, dtype=torch.long)  # [rows, width]
+    mask = torch.eye(width, dtype=torch.bool).repeat(rows, 1, 1)  # [rows, width, width]
+    for row, draft in enumerate(drafts):
+        parents = chain_parents(len(draft)) if draft.parents is None else draft.parents
+        row_positions, row_mask = tree_layout(parents, lengths[row])
+        used = len(draft) + 1
+        positions[row, :used] = row_positions
+        positions[row, used:] = lengths[row] + torch.arange(used, width)  # padding
+        mask[row, :used, :used] = row_mask
+    return positions, mask
+
+
+class BatchEngine:
+    """Decodes many requests at once with a target model and an optional draft.
+
+    ``draft``: a draft ``LanguageModel`` (batched draft passes), ``"ngram"`` (prompt
+    lookup), a zero-argument factory of per-sequence ``Drafter`` objects, or None (plain
+    decoding). ``capacity``: most tokens one sequence may hold (prompt + output).
+    ``speculate_max_batch``: above this many active sequences every step is plain; None
+    reads the crossover ``spectune experiment batch`` measured for this target on this
+    machine (``spectune.crossover``), and speculates at every size if there is none.
+    ``policy_factory`` makes each request's K policy (default: ``FixedK(4)`` with a
+    draft, ``FixedK(0)`` without).
+    """
+
+    def __init__(
+        self,
+        target: LanguageModel,
+        draft: LanguageModel | str | Callable[[], Drafter] | None = None,
+        *,
+        max_batch: int = 16,
+        capacity: int = 2048,
+        speculate_max_batch: int | None = None,
+        policy_factory: Callable[[SamplingParams], KPolicy] | None = None,
+    ) -> None:
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
+        if not isinstance(capacity, int) or capacity < 2:
+            raise InvalidParameterError(f"capacity must be >= 2 tokens, got {capacity}")
+        if speculate_max_batch is not None and speculate_max_batch < 0:
+            raise InvalidParameterError("speculate_max_batch must be >= 0")
+        self.target = target
+        self.max_batch = max_batch
+        try:
+            self.cache = target.new_cache(batch_size=max_batch, capacity=capacity + SLACK)
+        except ValueError as exc:
+            raise InvalidParameterError(
+                f"the target cannot decode a batch of {max_batch}: {exc}"
+            ) from exc
+        if max_batch > 1 and not isinstance(self.cache, StaticKVCache):
+            raise InvalidParameterError("batches of more than one need the native runtime")
+        self.capacity = min(capacity, self.cache.capacity - SLACK)
+        if self.capacity < 2:
+            raise InvalidParameterError("the target's context is too short to batch")
+        if speculate_max_batch is None:
+            speculate_max_batch = load_crossover(target.info)  # None: never measured
+        self.speculate_max_batch = speculate_max_batch
+        self.policy_factory = policy_factory
+        self.drafter = self._make_drafter(draft)
+        self.pad = target.info.pad_token_id or 0
+        self._rows: list[_Sequence] = []  # index = cache row
+        self._by_id: dict[str, _Sequence] = {}
+
+    def _make_drafter(
+        self, draft: LanguageModel | str | Callable[[], Drafter] | None
+    ) -> BatchDrafter | None:
+        if draft is None or draft == "none":
+            return None
+        if isinstance(draft, str):
+            if draft != "ngram":
+                raise InvalidParameterError(
+                    f"draft must be a model, 'ngram' or None, got {draft!r}"
+                )
+            return PerSequenceDrafters(NgramDrafter, self.max_batch)
+        if isinstance(draft, LanguageModel):
+            return BatchModelDrafter(draft, self.max_batch, self.capacity + SLACK, SLACK)
+        return PerSequenceDrafters(draft, self.max_batch)
+
+    @property
+    def active(self) -> int:
+        return len(self._rows)
+
+    @property
+    def has_room(self) -> bool:
+        return len(self._rows) < self.max_batch
+
+    def add(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+        stop: StopCondition | None = None,
+    ) -> None:
+        """Join the batch: checks the request, then prefills its row (all but the last token).
+
+        Raises ``BatchFullError`` when every row is taken, ``InvalidParameterError`` for a
+        request id already active, ``PromptError`` for a bad prompt.
+        """
+        info = self.target.info
+        if request_id in self._by_id:
+            raise InvalidParameterError(f"request {request_id!r} is already in the batch")
+        if not self.has_room:
+            raise BatchFullError(f"the batch is full ({self.max_batch} sequences)")
+        prompt = list(prompt)
+        if not prompt:
+            raise PromptError("the prompt is empty")
+        if any(not isinstance(t, int) or not 0 <= t < info.vocab_size for t in prompt):
+            raise PromptError(
+                f"the prompt holds token ids outside the vocabulary of {info.vocab_size}"
+            )
+        if len(prompt) >= self.capacity:
+            raise PromptError(
+                f"the prompt has {len(prompt)} tokens; a sequence holds {self.capacity}"
+            )
+        if generator is None:
+            generator = torch.Generator()
+            if params.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(params.seed)
+        if self.policy_factory is not None:
+            policy = self.policy_factory(params)
+        else:
+            policy = FixedK(4 if self.drafter is not None else 0)
+        row = len(self._rows)
+        # The single-sequence engine's capacity, so both finish on "length" alike.
+        capacity = min(self.capacity, len(prompt) + params.max_tokens + CHUNK_SLACK)
+        seq = _Sequence(request_id, params, generator, policy, stop, prompt, capacity, row)
+
+        # Prefill the target row with all but the pending (last) prompt token.
+        self.cache.truncate(0, row)
+        features: TargetFeatures | None = None
+        if len(prompt) > 1:
+            out = forward_row(self.target, self.cache, row, torch.tensor([prompt[:-1]]))
+            if out.hidden is not None:
+                features = TargetFeatures(0, out.hidden[0])
+        if self.drafter is not None:
+            try:
+                self.drafter.add(row, prompt, features)
+            except Exception as exc:  # a drafter that cannot start: decode this one plainly
+                seq.drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
+        self._rows.append(seq)
+        self._by_id[request_id] = seq
+
+    def cancel(self, request_id: str) -> None:
+        """Remove a request and free its row; unknown or finished ids are ignored."""
+        seq = self._by_id.get(request_id)
+        if seq is not None:
+            self._release(seq)
+
+    def _release(self, seq: _Sequence) -> None:
+        del self._by_id[seq.request_id]
+        last = len(self._rows) - 1
+        if seq.row != last:
+            # Keep the active rows a prefix: the last row's sequence moves into the hole.
+            moved = self._rows[last]
+            if isinstance(self.cache, StaticKVCache):
+                self.cache.copy_row(last, seq.row)
+            if self.drafter is not None:
+                self.drafter.move(last, seq.row)
+            moved.row = seq.row
+            self._rows[seq.row] = moved
+        self._rows.pop()
+        self.cache.truncate(0, last)
+        if self.drafter is not None:
+            self.drafter.free(last)
+
+    def step(self) -> list[SequenceUpdate]:
+        """One batched step over every active sequence; finished ones leave the batch."""
+        seqs = list(self._rows)
+        if not seqs:
+            return []
+        step_start = time.perf_counter()
+        num_rows = len(seqs)
+        vocab = self.target.info.vocab_size
+
+        # 1. K per sequence, never past max_tokens or the sequence's context.
+        too_large = self.speculate_max_batch is not None and num_rows > self.speculate_max_batch
+        ks: list[int] = []
+        fallbacks: list[str | None] = []
+        for seq in seqs:
+            remaining = seq.params.max_tokens - len(seq.output)
+            room = seq.capacity - len(seq.context)
+            if self.drafter is None or seq.drafter_failure:
+                k, reason = 0, seq.drafter_failure
+            elif too_large:
+                k, reason = 0, f"batch_too_large: {num_rows} > {self.speculate_max_batch}"
+            else:
+                k = seq.policy.next_k()
+                reason = seq.policy.reason if k == 0 else None
+            ks.append(max(0, min(k, remaining - 1, room - 1)))
+            fallbacks.append(reason)
+
+        # 2. Draft: one batched pass per draft step; a failure falls back for its sequence.
+        drafts = [_no_draft(0) for _ in seqs]
+        draft_time = 0.0
+        requests = [
+            DraftRequest(s.row, s.context, k, s.params, s.generator)
+            for s, k in zip(seqs, ks, strict=True)
+            if k > 0
+        ]
+        if requests and self.drafter is not None:
+            draft_start = time.perf_counter()
+            try:
+                proposed = self.drafter.propose(requests, num_rows)
+            except Exception as exc:  # the whole pass failed: its sequences decode plainly
+                proposed = [f"drafter_error: {exc}".splitlines()[0][:200]] * len(requests)
+            for req, proposal in zip(requests, proposed, strict=True):
+                seq = seqs[req.row]
+                if isinstance(proposal, str):
+                    if proposal == "draft_context_full":
+                        fallbacks[req.row] = proposal  # this step only
+                        continue
+                    seq.drafter_failure = fallbacks[req.row] = proposal
+                    continue
+                room = seq.capacity - len(seq.context)
+                try:
+                    drafts[req.row] = fit_to_room(check_draft(proposal, req.k, vocab), room - 1)
+                except Exception as exc:
+                    seq.drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
+                    fallbacks[req.row] = seq.drafter_failure
+            draft_time = time.perf_counter() - draft_start
+
+        # 3. One target pass over [rows, 1 + longest draft], padded after each row's tokens.
+        target_start = time.perf_counter()
+        width = 1 + max(len(d) for d in drafts)
+        chunk = torch.full((num_rows, width), self.pad, dtype=torch.long)  # [rows, width]
+        for seq, draft in zip(seqs, drafts, strict=True):
+            chunk[seq.row, 0] = seq.context[-1]
+            chunk[seq.row, 1 : 1 + len(draft)] = draft.tokens
+        lengths_before = [self.cache.length(r) for r in range(num_rows)]
+        if all(d.parents is None for d in drafts):
+            out = forward_rows(self.target, self.cache, num_rows, chunk)
+        else:
+            positions, mask = tree_inputs(drafts, lengths_before, width)
+            out = forward_rows(self.target, self.cache, num_rows, chunk, positions, mask)
+        target_time = time.perf_counter() - target_start
+
+        # 4. Per sequence: verify, roll back its row, stop, tell drafter and policy.
+        eos = set(self.target.info.eos_token_ids)
+        updates: list[SequenceUpdate] = []
+        finished: list[_Sequence] = []
+        for seq, draft, k, fallback in zip(seqs, drafts, ks, fallbacks, strict=True):
+            row = seq.row
+            logits = out.logits[row, : len(draft) + 1]  # [drafted + 1, vocab]
+            result = verify_draft(draft, logits, seq.params, seq.generator)
+            keep_path(self.cache, row, lengths_before[row], result.path)
+            seq.context.extend(result.tokens)
+            emitted, finish = cut_at_stops(
+                list(result.tokens), seq.output, seq.params.max_tokens, eos, seq.stop
+            )
+            if finish is None and len(seq.context) >= seq.capacity:
+                finish = "length"  # the context is full
+            if self.drafter is not None and finish is None and not seq.drafter_failure:
+                hidden = None if out.hidden is None else out.hidden[row, [0, *result.path]]
+                features = None if hidden is None else TargetFeatures(lengths_before[row], hidden)
+                self.drafter.commit(row, seq.context, features)
+            record = StepRecord(
+                index=seq.index,
+                k=k,
+                drafted=len(draft),
+                accepted=result.num_accepted,
+                emitted=tuple(emitted),
+                draft_time=draft_time,
+                target_time=target_time,
+                step_time=time.perf_counter() - step_start,
+                fallback=fallback,
+                finish_reason=finish,
+            )
+            seq.policy.observe(record)
+            seq.index += 1
+            updates.append(SequenceUpdate(seq.request_id, record))
+            if finish is not None:
+                finished.append(seq)
+
+        # 5. Finished sequences leave (highest row first, so moves never touch them).
+        for seq in sorted(finished, key=lambda s: s.row, reverse=True):
+            self._release(seq)
+        return updates

@@ -1,0 +1,197 @@
+"""``spectune experiment tree|batch|chunked``: the measurements behind the README figures.
+
+``--toy`` runs the same code on the toy models in seconds (to check a command works);
+real runs use the default target, a draft (``--draft``: path, shipped name, or a
+stand-in ``noise:X`` / ``layers:N``), and the evaluation prompts' dev split,
+``--per-category`` prompts of each category.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from spectune.errors import InvalidParameterError
+from spectune.experiments.common import Setup, load_setup, toy_setup
+
+__all__ = ["register"]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("values must be >= 1")
+    return values
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "experiment", help="measure trees vs chains, batching, chunked verification"
+    )
+    parser.add_argument("which", choices=("tree", "batch", "chunked"))
+    parser.add_argument("--toy", action="store_true", help="toy models: seconds, for checks")
+    parser.add_argument("--target", default="default")
+    parser.add_argument(
+        "--draft",
+        default="auto",
+        help="draft model path or shipped name (auto: the shipped draft), or a stand-in: "
+        "noise:X (the target plus noise) or layers:N (its first N layers)",
+    )
+    parser.add_argument("--per-category", type=int, default=1, help="prompts per category")
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+    tree = parser.add_argument_group("tree")
+    tree.add_argument("--budgets", type=_ints, default=(4, 8), help="node budgets (= chain K)")
+    tree.add_argument("--width", type=int, default=2)
+    tree.add_argument("--min-path-prob", type=float, default=0.0)
+    tree.add_argument("--temperatures", type=_floats, default=(0.0, 0.7))
+    batch = parser.add_argument_group("batch")
+    batch.add_argument("--sizes", type=_ints, default=(1, 2, 4, 8, 16))
+    batch.add_argument("-k", "--k", type=int, default=4, help="draft tokens (batch)")
+    batch.add_argument("--no-save", action="store_true", help="do not record the crossover")
+    chunked = parser.add_argument_group("chunked")
+    chunked.add_argument("--ks", type=_ints, default=(4, 8))
+    chunked.add_argument("--groups", type=_ints, default=(2, 4))
+    chunked.add_argument("--temperature", type=float, default=0.0)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.per_category < 1:
+        raise InvalidParameterError("--per-category must be >= 1")
+    setup = (
+        toy_setup()
+        if args.toy
+        else load_setup(args.target, args.draft, per_category=args.per_category)
+    )
+    report: dict[str, Any] = {"setup": setup.description, "prompts": len(setup.prompts)}
+    if args.which == "tree":
+        report["tree_vs_chain"] = _tree(setup, args)
+    elif args.which == "batch":
+        report.update(_batch(setup, args))
+    else:
+        report.update(_chunked(setup, args))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    return 0
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
+    Console().print(table)
+
+
+def _tree(setup: Setup, args: argparse.Namespace) -> list[dict[str, object]]:
+    from spectune.experiments.trees import tree_vs_chain
+
+    results = tree_vs_chain(
+        setup,
+        budgets=args.budgets,
+        width=args.width,
+        min_path_prob=args.min_path_prob,
+        temperatures=args.temperatures,
+        max_tokens=args.max_tokens or 48,
+    )
+    rows = []
+    for r in results:
+        for stats in (r.chain, r.tree):
+            rows.append(
+                [
+                    r.temperature,
+                    stats.label,
+                    stats.target_tokens_per_step,
+                    stats.mean_accepted_length,
+                    stats.tokens_per_second,
+                ]
+            )
+        rows.append(["", "tree gain", "", f"{r.accepted_length_gain:+.1%}", f"{r.speed_gain:+.1%}"])
+    _table(
+        f"Tree vs chain at equal target cost ({setup.description})",
+        ["T", "drafter", "target tokens/step", "mean accepted length", "tokens/s"],
+        rows,
+    )
+    return [r.as_dict() for r in results]
+
+
+def _batch(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
+    from spectune.crossover import save_crossover
+    from spectune.experiments.batching import batch_sweep, crossover
+
+    points = batch_sweep(setup, args.sizes, k=args.k, max_tokens=args.max_tokens or 32)
+    best = crossover(points)
+    rows = []
+    for size in args.sizes:
+        plain = next(p for p in points if p.batch == size and not p.speculative)
+        spec = next(p for p in points if p.batch == size and p.speculative)
+        ratio = spec.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else 0
+        rows.append([size, plain.tokens_per_second, spec.tokens_per_second, ratio])
+    _table(
+        f"Batch throughput, K = {args.k} ({setup.description})",
+        ["batch", "plain tokens/s", "speculative tokens/s", "speedup"],
+        rows,
+    )
+    result: dict[str, object] = {
+        "k": args.k,
+        "points": [p.as_dict() for p in points],
+        "speculate_max_batch": best,
+    }
+    print(f"crossover: speculation pays up to batch size {best}")
+    if not args.toy and not args.no_save:
+        path = save_crossover(setup.target.info, best, {"k": args.k, "sizes": list(args.sizes)})
+        print(f"recorded for BatchEngine in {path}")
+        result["saved_to"] = str(path)
+    return result
+
+
+def _chunked(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
+    from spectune.experiments.chunked import chunked_vs_one_pass
+
+    curve, rows = chunked_vs_one_pass(
+        setup,
+        ks=args.ks,
+        groups=args.groups,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens or 48,
+    )
+    _table(
+        f"Chunked vs one-pass verification ({setup.description})",
+        ["K", "groups", "tokens/s", "target tokens/step", "acceptance", "predicted cost", "pays"],
+        [
+            [
+                r.k,
+                r.groups,
+                r.stats.tokens_per_second,
+                r.target_tokens / max(1, r.stats.steps),
+                r.acceptance_rate,
+                r.predicted_cost,
+                r.predicted_pays,
+            ]
+            for r in rows
+        ],
+    )
+    return {
+        "cost_curve": {"sizes": list(curve.sizes), "seconds": list(curve.seconds)},
+        "rows": [r.as_dict() for r in rows],
+    }

@@ -1,0 +1,158 @@
+"""``spectune serve``: the OpenAI-compatible HTTP server (see ``spectune.server``).
+
+Binds 127.0.0.1 unless ``--host`` says otherwise; an API key (``--api-key`` or the
+``SPECTUNE_API_KEY`` environment variable) is then strongly advised, and its absence on a
+non-loopback address is warned about.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from typing import Any
+
+from spectune.cli.common import add_model_args, parse_dtype
+from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
+from spectune.control.base import FixedK, KPolicy
+from spectune.control.registry import build_policy
+from spectune.drafters.model import ModelDrafter
+from spectune.errors import InvalidParameterError
+from spectune.monitor.hub import Monitor
+from spectune.monitor.trace import TraceWriter
+from spectune.pairing import load_drafter, load_target
+from spectune.sampling import SamplingParams
+from spectune.server.engines import ENGINES, DraftSource, EngineSettings, build_engine
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve an OpenAI-compatible API with speculative decoding"
+    )
+    add_model_args(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("SPECTUNE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $SPECTUNE_API_KEY; none: open)",
+    )
+    parser.add_argument("--served-model-name", help="the model name clients send")
+    add_policy_args(parser)
+    parser.add_argument("--engine", choices=ENGINES, default="batch")
+    parser.add_argument("--max-batch", type=int, default=16, help="requests decoded together")
+    parser.add_argument(
+        "--capacity", type=int, default=2048, help="most tokens per request (prompt + output)"
+    )
+    parser.add_argument(
+        "--speculate-max-batch",
+        type=int,
+        default=None,
+        help="no speculation while more requests than this run (measure it with the bench)",
+    )
+    limits = parser.add_argument_group("limits")
+    limits.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    limits.add_argument("--max-prompt-tokens", type=int, default=4096)
+    limits.add_argument("--max-tokens", type=int, default=1024, help="largest max_tokens")
+    limits.add_argument("--default-max-tokens", type=int, default=256)
+    limits.add_argument(
+        "--max-requests", type=int, default=64, help="running + queued; more get a 429"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    parser.set_defaults(run=run)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from spectune.server import Limits, ServedModel, Service, create_app
+    from spectune.server.metrics import ServerMetrics
+
+    spec = policy_spec_from_args(args)
+    build_policy(spec)  # checks the options before loading models
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidParameterError("--threads must be >= 1")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        limits = Limits(
+            max_body_bytes=args.max_body_bytes,
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_tokens=args.max_tokens,
+            default_max_tokens=min(args.default_max_tokens, args.max_tokens),
+            max_requests=args.max_requests,
+        )
+    except ValueError as exc:
+        raise InvalidParameterError(str(exc)) from exc
+    settings = EngineSettings(
+        kind=args.engine,
+        max_batch=args.max_batch,
+        capacity=args.capacity,
+        speculate_max_batch=args.speculate_max_batch,
+    )
+    dtype = parse_dtype(args.dtype)
+    target = load_target(args.target, dtype=dtype, runtime=args.runtime)
+    drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
+    if isinstance(drafter, ModelDrafter):
+        draft = DraftSource(model=drafter.model)
+    else:
+        draft = DraftSource(ngram=drafter is not None)
+
+    def default_policy(params: SamplingParams) -> KPolicy:
+        if draft.name is None:
+            return FixedK(0)
+        return build_policy(spec, params=params)
+
+    engine, policies, context = build_engine(target.model, draft, settings, default_policy)
+    # The file or folder name reads better than GGUF metadata names (which hold spaces).
+    path = target.path
+    name = args.served_model_name or (path.stem if path.is_file() else path.name)
+    served = ServedModel(
+        name,
+        target.model,
+        target.tokenizer,
+        drafter=draft.name,
+        aliases=(args.target, target.model.info.name),
+    )
+    metrics = ServerMetrics()
+    trace = TraceWriter(args.trace) if args.trace else None
+    service = Service(
+        served,
+        engine,
+        limits=limits,
+        api_key=args.api_key or None,
+        context_limit=context,
+        policies=policies,
+        monitor=Monitor(registry=metrics.registry, trace=trace),
+        metrics=metrics,
+    )
+    if not args.api_key and not _is_loopback(args.host):
+        print(
+            f"spectune: warning: serving on {args.host} without an API key; anyone who can "
+            "reach it can use it (set --api-key or SPECTUNE_API_KEY)",
+            file=sys.stderr,
+        )
+    print(
+        f"spectune: serving '{name}' (drafter {draft.name or 'none'}, policy {spec.name}, engine "
+        f"{args.engine}) at http://{args.host}:{args.port}/v1",
+        file=sys.stderr,
+    )
+    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,200 @@
+"""``cost``: the K that maximises predicted speedup, from measured acceptance and costs.
+
+Each decision evaluates ``spectune.costs.optimal_k``:
+
+    S(K) = (1 - alpha^(K+1)) / ((1 - alpha) (K c + v(K))),   S(0) = 1 (plain decoding)
+
+with every input measured on the running request:
+- alpha, the per-token acceptance: an EWMA of accepted draft tokens over tested draft
+  tokens (accepted, plus the one rejected token when a step was cut short). This is the
+  maximum-likelihood alpha of the i.i.d. acceptance model, unlike accepted / drafted,
+  which also counts the draft tokens a rejection discarded.
+- c, the draft cost: EWMA seconds per drafted token over the seconds of a one-token
+  target step.
+- v(K), the verification curve: the ``cost_curve`` given at construction (measured with
+  ``spectune.costs.measure_forward_curve``); its shape is used, and its scale is taken
+  from the request's own target times so machine load cancels. Without a curve the policy
+  learns one from the records: an EWMA of target_time per chunk size (k + 1 tokens), a
+  least-squares line t(n) = a + b n through the sizes seen; while only one size has been
+  seen it assumes the slope ``verify_slope_prior`` (t(n) proportional to
+  1 + prior (n - 1)). Plain steps measure n = 1, so a request that ever decodes plainly
+  learns the intercept.
+
+K = 0 when no K beats plain decoding (the reason names alpha and c); while at 0 the policy
+probes with K = 1 every ``probe_every`` plain tokens to refresh alpha and c, so it comes
+back when the draft starts to pay. A new K is taken only when its predicted speedup
+beats the current K's by ``margin`` (hysteresis against noise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from spectune.control.base import PolicyState
+from spectune.costs import CostCurve, optimal_k, predicted_speedup
+from spectune.errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from spectune.engine import StepRecord
+
+__all__ = ["CostConfig", "CostK", "LearnedCurve"]
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    initial_k: int = 4  # K while the measurements warm up
+    max_k: int = 8
+    smoothing: float = 0.2  # EWMA weight of the newest step
+    warmup_steps: int = 3  # speculative steps at initial_k before the model decides
+    probe_every: int = 32  # plain tokens between K = 1 probes while K = 0
+    margin: float = 0.02  # a new K must beat the current K's predicted speedup by this
+    verify_slope_prior: float = 0.05  # v(n) slope per token until two sizes are measured
+
+    def __post_init__(self) -> None:
+        from spectune.engine import MAX_K
+
+        if not 1 <= self.max_k <= MAX_K or not 1 <= self.initial_k <= self.max_k:
+            raise InvalidParameterError(
+                f"need 1 <= initial_k <= max_k <= {MAX_K}, got "
+                f"initial_k={self.initial_k} max_k={self.max_k}"
+            )
+        if not 0.0 < self.smoothing <= 1.0:
+            raise InvalidParameterError(f"smoothing must be in (0, 1], got {self.smoothing}")
+        if self.warmup_steps < 1 or self.probe_every < 1:
+            raise InvalidParameterError("warmup_steps and probe_every must be >= 1")
+        if self.margin < 0.0 or self.verify_slope_prior < 0.0:
+            raise InvalidParameterError("margin and verify_slope_prior must be >= 0")
+
+
+class LearnedCurve:
+    """Target forward time per chunk size, learned from step records (see module docstring)."""
+
+    def __init__(self, smoothing: float, slope_prior: float) -> None:
+        self.smoothing = smoothing
+        self.slope_prior = slope_prior
+        self.seconds: dict[int, float] = {}  # chunk size -> EWMA seconds
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        old = self.seconds.get(tokens)
+        w = self.smoothing
+        self.seconds[tokens] = seconds if old is None else (1.0 - w) * old + w * seconds
+
+    def time(self, tokens: int) -> float | None:
+        if not self.seconds:
+            return None
+        if len(self.seconds) == 1:
+            ((n0, t0),) = self.seconds.items()
+            return t0 * (1 + self.slope_prior * (tokens - 1)) / (1 + self.slope_prior * (n0 - 1))
+        sizes = list(self.seconds)
+        times = [self.seconds[n] for n in sizes]
+        mean_n = sum(sizes) / len(sizes)
+        mean_t = sum(times) / len(times)
+        var = sum((n - mean_n) ** 2 for n in sizes)
+        covar = sum((n - mean_n) * (t - mean_t) for n, t in zip(sizes, times, strict=True))
+        slope = max(0.0, covar / var)
+        intercept = mean_t - slope * mean_n
+        # A noisy fit can put the intercept at or below zero; keep one token's time positive.
+        return max(intercept + slope * tokens, 1e-3 * mean_t, 1e-12)
+
+    def curve(self, max_tokens: int) -> CostCurve | None:
+        if not self.seconds:
+            return None
+        sizes = tuple(range(1, max_tokens + 1))
+        return CostCurve(sizes, tuple(self.time(n) or 0.0 for n in sizes))
+
+
+class CostK:
+    """Maximises the predicted speedup S(K); K = 0 with periodic K = 1 probes."""
+
+    def __init__(self, config: CostConfig | None = None, *, cost_curve: CostCurve | None = None):
+        self.config = config or CostConfig()
+        self.cost_curve = cost_curve
+        self.learned = LearnedCurve(self.config.smoothing, self.config.verify_slope_prior)
+        self.k = self.config.initial_k
+        self.speculative_steps = 0
+        self.plain_tokens = 0  # plain tokens since the last probe (or since K fell to 0)
+        self.tested = 0.0  # EWMA draft tokens tested per step (accepted + one rejected)
+        self.accepted = 0.0  # EWMA accepted per step; alpha = accepted / tested
+        self.draft_token_time: float | None = None  # EWMA seconds per drafted token
+        self.target_one: float | None = None  # EWMA seconds of a one-token target step
+        self.predicted: float | None = None  # S(K) of the current K at the last decision
+
+    @property
+    def alpha(self) -> float | None:
+        # Capped below 1: S(K) is defined by continuity there, but a run of all-accepted
+        # steps should not promise an infinite payoff.
+        return min(self.accepted / self.tested, 0.99) if self.tested > 0 else None
+
+    @property
+    def draft_cost(self) -> float | None:
+        if self.draft_token_time is None or not self.target_one:
+            return None
+        return self.draft_token_time / self.target_one
+
+    def next_k(self) -> int:
+        if self.k == 0 and self.plain_tokens >= self.config.probe_every:
+            return 1
+        return self.k
+
+    def observe(self, record: StepRecord) -> None:
+        cfg = self.config
+        w = cfg.smoothing
+        tokens = record.drafted + 1  # the target's chunk: the pending token and the draft
+        if record.target_time > 0.0:
+            if self.cost_curve is not None:
+                one = record.target_time / self.cost_curve.relative(record.drafted)
+                self.target_one = _ewma(self.target_one, one, w)
+            else:
+                self.learned.observe(tokens, record.target_time)
+                self.target_one = self.learned.time(1)
+        if record.drafted == 0:
+            if record.k == 0:
+                self.plain_tokens += len(record.emitted)
+            return
+        rejected = 1 if record.accepted < record.drafted else 0
+        self.accepted = (1.0 - w) * self.accepted + w * record.accepted
+        self.tested = (1.0 - w) * self.tested + w * (record.accepted + rejected)
+        self.draft_token_time = _ewma(self.draft_token_time, record.draft_time / record.drafted, w)
+        self.speculative_steps += 1
+        if self.k == 0:
+            self.plain_tokens = 0  # that was a probe
+        if self.speculative_steps >= cfg.warmup_steps:
+            self._decide()
+
+    def _decide(self) -> None:
+        alpha, cost = self.alpha, self.draft_cost
+        curve = self.cost_curve or self.learned.curve(self.config.max_k + 1)
+        if alpha is None or cost is None or curve is None:
+            return
+        best_k, best = optimal_k(alpha, cost, curve, max_k=self.config.max_k)
+        current = predicted_speedup(alpha, cost, curve, self.k)
+        if best_k != self.k and best > current * (1.0 + self.config.margin):
+            if best_k == 0:
+                self.plain_tokens = 0
+            self.k = best_k
+            current = best
+        self.predicted = current
+
+    @property
+    def reason(self) -> str | None:
+        if self.k != 0:
+            return None
+        alpha, cost = self.alpha, self.draft_cost
+        return (
+            f"cost: no K beats plain decoding (alpha {alpha or 0.0:.2f}, "
+            f"draft cost {cost or 0.0:.2f} of a target step)"
+        )
+
+    def state(self) -> PolicyState:
+        alpha, cost = self.alpha, self.draft_cost
+        return {
+            "k": self.k,
+            "alpha": None if alpha is None else round(alpha, 4),
+            "draft_cost": None if cost is None else round(cost, 4),
+            "predicted_speedup": None if self.predicted is None else round(self.predicted, 4),
+        }
+
+
+def _ewma(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else (1.0 - weight) * old + weight * new

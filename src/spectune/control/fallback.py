@@ -1,0 +1,308 @@
+"""Fallback checks: when speculation does not pay, get out of the way, and say why.
+
+Three depths (the engine and the verifier already cover the first and the drafter failures):
+
+- token level   a rejected draft token is replaced by a sample from the residual and the
+                step goes on (the verifier; the monitor counts these as ``token`` events).
+- local         ``LocalFallback``: acceptance below ``below`` for ``bad_steps`` consecutive
+                speculative steps -> K = 0 for a back-off of ``backoff_tokens`` emitted
+                tokens (multiplied by ``backoff_growth`` on every further trigger in the
+                request, up to ``max_backoff_tokens``), then ``probe_steps`` steps at K = 1;
+                speculation resumes if the probe's acceptance reaches ``below``, else it
+                backs off again, longer.
+- global        ``GlobalFallback``: a draft step (one drafted token) costs more than
+                ``max_draft_ratio`` of a target step (smoothed) -> K = 0 for the rest of
+                the request.
+- drafter error the engine turns a raising or garbage-returning drafter into plain
+                decoding for the request (``drafter_error: ...`` in the record).
+
+Checks are small stateful objects (SGLang's style of a check returning a human-readable
+reason or None): ``observe(record)`` learns, ``check()`` returns ``None`` (no objection) or
+a ``Hold``, the K it allows and why. ``Guarded`` composes any K policy with checks, so the
+policies themselves know nothing about fallback. Reasons start with their kind and a colon
+(``local: ...``, ``global: ...``): the monitor counts fallbacks by that kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from spectune.control.base import KPolicy, PolicyState, ReportsState
+from spectune.costs import CostCurve
+from spectune.errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from spectune.engine import StepRecord
+
+__all__ = [
+    "FallbackCheck",
+    "GlobalFallback",
+    "GlobalFallbackConfig",
+    "Guarded",
+    "Hold",
+    "LocalFallback",
+    "LocalFallbackConfig",
+]
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A check's objection: at most ``max_k`` draft tokens (0 = none, 1 = a probe), and why."""
+
+    max_k: int
+    reason: str
+
+
+class FallbackCheck(Protocol):
+    kind: str  # prefix of its reasons and of its keys in the policy state
+
+    def observe(self, record: StepRecord) -> None:
+        """Learn from the step that just ran (every step, plain ones included)."""
+        ...
+
+    def check(self) -> Hold | None:
+        """The current objection, or None. Pure: reading it changes nothing."""
+        ...
+
+    def state(self) -> PolicyState: ...
+
+
+@dataclass(frozen=True)
+class LocalFallbackConfig:
+    below: float = 0.5  # a step is bad when accepted / drafted is below this
+    bad_steps: int = 5  # consecutive bad steps that trigger the back-off (the issue: 5-10)
+    backoff_tokens: int = 16  # plain-decoded tokens of the first back-off
+    backoff_growth: float = 2.0  # back-off multiplier on every further trigger
+    max_backoff_tokens: int = 512
+    probe_steps: int = 2  # K = 1 steps whose acceptance decides whether to resume
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.below <= 1.0:
+            raise InvalidParameterError(f"local.below must be in (0, 1], got {self.below}")
+        if not 1 <= self.bad_steps <= 64:
+            raise InvalidParameterError(f"local.bad_steps must be in [1, 64], got {self.bad_steps}")
+        if self.backoff_tokens < 1 or self.max_backoff_tokens < self.backoff_tokens:
+            raise InvalidParameterError(
+                "local.backoff_tokens must be >= 1 and <= local.max_backoff_tokens"
+            )
+        if self.backoff_growth < 1.0:
+            raise InvalidParameterError(
+                f"local.backoff_growth must be >= 1, got {self.backoff_growth}"
+            )
+        if self.probe_steps < 1:
+            raise InvalidParameterError(f"local.probe_steps must be >= 1, got {self.probe_steps}")
+
+
+class LocalFallback:
+    """Acceptance too low for a while -> back off (in tokens), probe with K = 1, resume.
+
+    Phases: ``watch`` (counting consecutive bad steps) -> ``backoff`` (K = 0 until
+    ``backoff`` emitted tokens have passed) -> ``probe`` (K = 1 for ``probe_steps`` steps)
+    -> ``watch`` again, or ``backoff`` with a longer back-off. Steps without draft tokens
+    neither count as bad nor break a run of bad steps: they say nothing about the draft.
+    """
+
+    kind = "local"
+
+    def __init__(self, config: LocalFallbackConfig | None = None) -> None:
+        self.config = config or LocalFallbackConfig()
+        self.cause = ""
+        self.phase = "watch"
+        self.bad_run = 0  # consecutive bad speculative steps (watch phase)
+        self.triggers = 0
+        self.backoff = 0  # tokens of the current (or last) back-off
+        self.backoff_left = 0
+        self.probe_seen = 0
+        self.probe_drafted = 0
+        self.probe_accepted = 0
+
+    def observe(self, record: StepRecord) -> None:
+        cfg = self.config
+        if self.phase == "backoff":
+            self.backoff_left -= len(record.emitted)
+            if self.backoff_left <= 0:
+                self.phase = "probe"
+                self.probe_seen = self.probe_drafted = self.probe_accepted = 0
+        elif self.phase == "probe":
+            self.probe_seen += 1
+            self.probe_drafted += record.drafted
+            self.probe_accepted += record.accepted
+            if self.probe_seen >= cfg.probe_steps:
+                rate = self.probe_accepted / self.probe_drafted if self.probe_drafted else 0.0
+                if rate >= cfg.below:
+                    self.phase, self.bad_run = "watch", 0
+                else:
+                    self._trigger(f"probe acceptance {rate:.0%} below {cfg.below:.0%}")
+        elif record.drafted > 0:
+            if record.accepted / record.drafted < cfg.below:
+                self.bad_run += 1
+                if self.bad_run >= cfg.bad_steps:
+                    self._trigger(
+                        f"acceptance below {cfg.below:.0%} for {cfg.bad_steps} consecutive steps"
+                    )
+            else:
+                self.bad_run = 0
+
+    def _trigger(self, cause: str) -> None:
+        cfg = self.config
+        self.cause = cause
+        self.triggers += 1
+        if self.triggers == 1:
+            self.backoff = cfg.backoff_tokens
+        else:
+            grown = round(self.backoff * cfg.backoff_growth)
+            self.backoff = min(cfg.max_backoff_tokens, grown)
+        self.phase, self.backoff_left, self.bad_run = "backoff", self.backoff, 0
+
+    def check(self) -> Hold | None:
+        if self.phase == "backoff":
+            return Hold(
+                0,
+                f"local: {self.cause}; back-off {self.backoff} tokens (trigger {self.triggers})",
+            )
+        if self.phase == "probe":
+            return Hold(1, f"local: probing with K=1 after a back-off of {self.backoff} tokens")
+        return None
+
+    def state(self) -> PolicyState:
+        return {
+            "phase": self.phase,
+            "bad_run": self.bad_run,
+            "triggers": self.triggers,
+            "backoff_left": max(0, self.backoff_left) if self.phase == "backoff" else 0,
+        }
+
+
+@dataclass(frozen=True)
+class GlobalFallbackConfig:
+    max_draft_ratio: float = 0.5  # a draft step may cost at most this share of a target step
+    smoothing: float = 0.2  # EWMA weight of the newest step
+    warmup_steps: int = 4  # speculative steps measured before the check may trigger
+
+    def __post_init__(self) -> None:
+        if not self.max_draft_ratio > 0.0:
+            raise InvalidParameterError(
+                f"global.max_draft_ratio must be > 0, got {self.max_draft_ratio}"
+            )
+        if not 0.0 < self.smoothing <= 1.0:
+            raise InvalidParameterError(f"global.smoothing must be in (0, 1], got {self.smoothing}")
+        if self.warmup_steps < 1:
+            raise InvalidParameterError(
+                f"global.warmup_steps must be >= 1, got {self.warmup_steps}"
+            )
+
+
+class GlobalFallback:
+    """The drafter is too slow for its target -> no speculation for the rest of the request.
+
+    Measured per drafted token: ``draft_time / drafted`` against one target step,
+    ``target_time / v(k)`` where v is the verification-cost curve when one is given, else
+    1 (the verification pass stands for one target step: on CPUs v(4) is about 1.1, so
+    this slightly understates the ratio). Both are EWMAs. The first speculative step is
+    not measured: it carries one-time work (the drafter's prefill, allocator warm-up).
+    Once tripped the check stays tripped (a new request gets a new check).
+    """
+
+    kind = "global"
+
+    def __init__(
+        self, config: GlobalFallbackConfig | None = None, *, cost_curve: CostCurve | None = None
+    ) -> None:
+        self.config = config or GlobalFallbackConfig()
+        self.cost_curve = cost_curve
+        self.seen = 0  # speculative steps observed, the unmeasured first one included
+        self.draft_step: float | None = None  # EWMA seconds per drafted token
+        self.target_step: float | None = None  # EWMA seconds per target step
+        self.tripped: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.draft_step is None or not self.target_step:
+            return None
+        return self.draft_step / self.target_step
+
+    def observe(self, record: StepRecord) -> None:
+        if self.tripped or record.drafted == 0 or record.target_time <= 0.0:
+            return
+        self.seen += 1
+        if self.seen == 1:
+            return  # one-time work, see the class docstring
+        relative = self.cost_curve.relative(record.drafted) if self.cost_curve else 1.0
+        draft_step = record.draft_time / record.drafted
+        target_step = record.target_time / relative
+        w = self.config.smoothing
+        self.draft_step = (
+            draft_step if self.draft_step is None else _ewma(self.draft_step, draft_step, w)
+        )
+        self.target_step = (
+            target_step if self.target_step is None else _ewma(self.target_step, target_step, w)
+        )
+        ratio = self.ratio
+        if self.seen > self.config.warmup_steps and ratio is not None:
+            if ratio > self.config.max_draft_ratio:
+                self.tripped = (
+                    f"global: a draft step takes {ratio:.0%} of a target step "
+                    f"(limit {self.config.max_draft_ratio:.0%}); speculation off for the "
+                    "rest of the request"
+                )
+
+    def check(self) -> Hold | None:
+        return Hold(0, self.tripped) if self.tripped else None
+
+    def state(self) -> PolicyState:
+        ratio = self.ratio
+        return {
+            "draft_ratio": None if ratio is None else round(ratio, 4),
+            "tripped": bool(self.tripped),
+        }
+
+
+def _ewma(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else (1.0 - weight) * old + weight * new
+
+
+class Guarded:
+    """A K policy behind fallback checks: K is the policy's, capped by every objection.
+
+    The inner policy observes every step (held ones too) so its estimates stay current;
+    the first check (in the given order) that holds K at 0 gives the reason the engine
+    records.
+    """
+
+    def __init__(self, inner: KPolicy, checks: Sequence[FallbackCheck], *, name: str) -> None:
+        self.inner = inner
+        self.checks = tuple(checks)
+        self.name = name
+
+    def _holds(self) -> list[Hold]:
+        return [hold for check in self.checks if (hold := check.check()) is not None]
+
+    def next_k(self) -> int:
+        k = self.inner.next_k()
+        for hold in self._holds():
+            k = min(k, hold.max_k)
+        return k
+
+    def observe(self, record: StepRecord) -> None:
+        self.inner.observe(record)
+        for check in self.checks:
+            check.observe(record)
+
+    @property
+    def reason(self) -> str | None:
+        for hold in self._holds():
+            if hold.max_k == 0:
+                return hold.reason
+        return self.inner.reason
+
+    def state(self) -> PolicyState:
+        state: PolicyState = {"policy": self.name, "next_k": self.next_k()}
+        if isinstance(self.inner, ReportsState):
+            state.update(self.inner.state())
+        for check in self.checks:
+            state.update({f"{check.kind}.{key}": value for key, value in check.state().items()})
+        holds = self._holds()
+        state["hold"] = holds[0].reason if holds else None
+        return state

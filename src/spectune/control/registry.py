@@ -1,0 +1,132 @@
+"""Build a K policy by name: ``make_policy("threshold", options, params=...)``.
+
+One policy instance serves one request (policies own their state); callers build a fresh
+one per request. Every policy except ``fixed`` is wrapped in the fallback checks named by
+the ``checks`` option (default ``["global", "local"]``, in that order; ``fixed`` defaults
+to none, so the baselines stay fixed). The checks' options live in the ``local`` and
+``global`` tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spectune.control.base import FixedK, KPolicy
+from spectune.control.config import PolicySpec, options_into
+from spectune.control.cost import CostConfig, CostK
+from spectune.control.fallback import (
+    FallbackCheck,
+    GlobalFallback,
+    GlobalFallbackConfig,
+    Guarded,
+    LocalFallback,
+    LocalFallbackConfig,
+)
+from spectune.control.threshold import ThresholdConfig, ThresholdK
+from spectune.costs import CostCurve
+from spectune.errors import InvalidParameterError
+from spectune.sampling import SamplingParams
+
+__all__ = ["DEFAULT_POLICY", "POLICIES", "build_policy", "make_policy"]
+
+DEFAULT_POLICY = "threshold"
+
+
+@dataclass(frozen=True)
+class _FixedConfig:
+    k: int = 4
+
+
+@dataclass(frozen=True)
+class _Context:
+    params: SamplingParams
+    cost_curve: CostCurve | None
+
+
+def _threshold(options: Mapping[str, Any], ctx: _Context) -> KPolicy:
+    config = options_into(ThresholdConfig, options, "threshold")
+    return ThresholdK(config, temperature=ctx.params.temperature)
+
+
+def _cost(options: Mapping[str, Any], ctx: _Context) -> KPolicy:
+    return CostK(options_into(CostConfig, options, "cost"), cost_curve=ctx.cost_curve)
+
+
+def _fixed(options: Mapping[str, Any], ctx: _Context) -> KPolicy:
+    return FixedK(options_into(_FixedConfig, options, "fixed").k)
+
+
+# name -> (builder, default checks)
+_POLICIES: dict[str, tuple[Callable[[Mapping[str, Any], _Context], KPolicy], tuple[str, ...]]] = {
+    # global first: when both hold K at 0, the permanent reason is the one recorded
+    "threshold": (_threshold, ("global", "local")),
+    "cost": (_cost, ("global", "local")),
+    "fixed": (_fixed, ()),
+}
+POLICIES = tuple(_POLICIES)
+
+
+def _local(options: Mapping[str, Any], ctx: _Context) -> FallbackCheck:
+    return LocalFallback(options_into(LocalFallbackConfig, options, "local"))
+
+
+def _global(options: Mapping[str, Any], ctx: _Context) -> FallbackCheck:
+    config = options_into(GlobalFallbackConfig, options, "global")
+    return GlobalFallback(config, cost_curve=ctx.cost_curve)
+
+
+_CHECKS: dict[str, Callable[[Mapping[str, Any], _Context], FallbackCheck]] = {
+    "local": _local,
+    "global": _global,
+}
+
+
+def make_policy(
+    name: str,
+    config: Mapping[str, Any] | None = None,
+    *,
+    params: SamplingParams | None = None,
+    cost_curve: CostCurve | None = None,
+) -> KPolicy:
+    """A fresh policy for one request.
+
+    name        ``threshold`` | ``cost`` | ``fixed``.
+    config      the policy's options (a TOML policy file's contents, ``--policy-opt``
+                overrides merged in): the policy's own keys, ``checks`` (list of
+                ``local``/``global``) and the ``local`` and ``global`` tables.
+    params      the request's sampling parameters (``threshold`` reads the temperature).
+    cost_curve  the target's measured verification curve (``cost`` and the global check
+                use it; without it they learn from the records).
+    """
+    if name not in _POLICIES:
+        raise InvalidParameterError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    options = dict(config or {})
+    builder, default_checks = _POLICIES[name]
+    checks = options.pop("checks", list(default_checks))
+    tables = {kind: options.pop(kind, {}) for kind in _CHECKS}
+    if not isinstance(checks, list | tuple) or any(c not in _CHECKS for c in checks):
+        raise InvalidParameterError(
+            f"option checks must be a list drawn from {', '.join(_CHECKS)}, got {checks!r}"
+        )
+    for kind, table in tables.items():
+        if not isinstance(table, Mapping):
+            raise InvalidParameterError(f"option {kind} must be a table of options")
+    ctx = _Context(params or SamplingParams(), cost_curve)
+    policy = builder(options, ctx)
+    # Unused tables are still validated, so a typo there is not silently ignored.
+    built = {kind: _CHECKS[kind](tables[kind], ctx) for kind in _CHECKS}
+    if not checks:
+        return policy
+    return Guarded(policy, [built[kind] for kind in dict.fromkeys(checks)], name=name)
+
+
+def build_policy(
+    spec: PolicySpec,
+    *,
+    params: SamplingParams | None = None,
+    cost_curve: CostCurve | None = None,
+) -> KPolicy:
+    """``make_policy`` for a ``PolicySpec`` (what the CLI parses)."""
+    return make_policy(spec.name, spec.options, params=params, cost_curve=cost_curve)

@@ -1,0 +1,88 @@
+"""Drive a K policy with scripted steps, without models: a test double for controllers.
+
+``drive`` plays the engine's side of the contract: ask ``next_k()``, fabricate the step's
+``StepRecord`` from a script (acceptance, timings), give the record the policy's
+``reason`` as its fallback when K is 0 (as the engine does), and ``observe`` it. The K
+trajectory comes back, so a test states "these acceptances give these K" directly, with
+timings injected rather than measured (no sleeps, no timed tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from spectune.control.base import KPolicy
+from spectune.engine import StepRecord
+
+__all__ = ["ScriptedStep", "drive", "fake_record"]
+
+
+@dataclass(frozen=True)
+class ScriptedStep:
+    """What one scripted step does with the K it is given."""
+
+    acceptance: float  # accepted = round(acceptance * drafted)
+    draft_time_per_token: float = 0.001  # seconds per drafted token
+    target_time: float = 0.01  # seconds of the target pass
+    drafted: int | None = None  # tokens the drafter returns (None: all k)
+
+
+def fake_record(
+    k: int,
+    accepted: int,
+    *,
+    drafted: int | None = None,
+    draft_time: float = 0.0,
+    target_time: float = 0.01,
+    index: int = 0,
+    fallback: str | None = None,
+) -> StepRecord:
+    """A record of a step that drafted ``drafted`` (default ``k``) and kept ``accepted``."""
+    drafted = k if drafted is None else drafted
+    if not 0 <= accepted <= drafted:
+        raise ValueError(f"need 0 <= accepted <= drafted, got {accepted}, {drafted}")
+    return StepRecord(
+        index=index,
+        k=k,
+        drafted=drafted,
+        accepted=accepted,
+        emitted=tuple(range(10, 10 + accepted + 1)),  # token ids do not matter to policies
+        draft_time=draft_time,
+        target_time=target_time,
+        step_time=draft_time + target_time,
+        fallback=fallback,
+    )
+
+
+def drive(
+    policy: KPolicy,
+    script: Sequence[ScriptedStep | float] | Callable[[int, int], ScriptedStep | float],
+    steps: int | None = None,
+) -> list[int]:
+    """Run ``policy`` over a script; returns the K it asked for at each step.
+
+    ``script`` is a sequence (one entry per step) or a function ``(step, k) -> entry``
+    (then ``steps`` says how many); a float entry is an acceptance with default timings.
+    """
+    count = len(script) if isinstance(script, Sequence) else steps
+    if count is None:
+        raise ValueError("a script function needs a number of steps")
+    trajectory = []
+    for index in range(count):
+        k = policy.next_k()
+        entry = script[index] if isinstance(script, Sequence) else script(index, k)
+        step = entry if isinstance(entry, ScriptedStep) else ScriptedStep(float(entry))
+        drafted = k if step.drafted is None else min(k, step.drafted)
+        record = fake_record(
+            k,
+            round(step.acceptance * drafted),
+            drafted=drafted,
+            draft_time=step.draft_time_per_token * drafted,
+            target_time=step.target_time,
+            index=index,
+            fallback=policy.reason if k == 0 else None,
+        )
+        policy.observe(record)
+        trajectory.append(k)
+    return trajectory

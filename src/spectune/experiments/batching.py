@@ -1,0 +1,115 @@
+"""Batch throughput with and without speculation, and the crossover between them.
+
+At batch size B every step forwards B rows; speculation multiplies the target's tokens
+per step by K + 1 and adds a batched draft pass per draft token. At small B the target's
+forward is bound by reading its weights and the extra tokens are nearly free; at large B
+it becomes compute bound and verification's extra tokens cost their full price, so
+speculation stops paying (what vLLM and SGLang users report). The crossover is the
+largest measured B at which speculation is still faster at that size and every smaller
+one; ``save_crossover`` records it for ``BatchEngine``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spectune.batch import BatchEngine
+from spectune.control.base import FixedK
+from spectune.experiments.common import Setup
+from spectune.sampling import SamplingParams
+
+__all__ = ["BatchPoint", "batch_sweep", "batch_throughput", "crossover"]
+
+
+@dataclass(frozen=True)
+class BatchPoint:
+    batch: int
+    speculative: bool
+    tokens: int  # generated over all sequences
+    steps: int
+    seconds: float  # wall time of the decode steps (prefills excluded)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "batch": self.batch,
+            "speculative": self.speculative,
+            "tokens": self.tokens,
+            "steps": self.steps,
+            "seconds": round(self.seconds, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+        }
+
+
+def batch_throughput(
+    setup: Setup,
+    batch: int,
+    *,
+    speculative: bool,
+    k: int = 4,
+    max_tokens: int = 32,
+    temperature: float = 0.0,
+) -> BatchPoint:
+    """Decode ``batch`` prompts together (cycling through the set) and time the steps."""
+    engine = BatchEngine(
+        setup.target,
+        setup.draft if speculative else None,
+        max_batch=batch,
+        speculate_max_batch=batch,  # measure speculation itself, whatever was recorded
+        policy_factory=lambda p: FixedK(k if speculative else 0),
+    )
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
+    for i in range(batch):
+        _, prompt = setup.prompts[i % len(setup.prompts)]
+        engine.add(f"seq-{i}", list(prompt), params)
+    tokens = steps = 0
+    start = time.perf_counter()
+    while engine.active:
+        updates = engine.step()
+        steps += 1
+        tokens += sum(len(u.record.emitted) for u in updates)
+    return BatchPoint(batch, speculative, tokens, steps, time.perf_counter() - start)
+
+
+def crossover(points: Sequence[BatchPoint]) -> int:
+    """Largest batch size B such that speculation was faster at every measured size <= B
+    (0: speculation never paid)."""
+    sizes = sorted({p.batch for p in points})
+    best = 0
+    for size in sizes:
+        spec = [p for p in points if p.batch == size and p.speculative]
+        plain = [p for p in points if p.batch == size and not p.speculative]
+        if not spec or not plain or spec[0].tokens_per_second <= plain[0].tokens_per_second:
+            break
+        best = size
+    return best
+
+
+def batch_sweep(
+    setup: Setup,
+    sizes: Sequence[int] = (1, 2, 4, 8, 16),
+    *,
+    k: int = 4,
+    max_tokens: int = 32,
+    temperature: float = 0.0,
+) -> list[BatchPoint]:
+    """Both modes at every size; plain and speculative alternate so machine drift hits both."""
+    points: list[BatchPoint] = []
+    for size in sizes:
+        for speculative in (False, True):
+            points.append(
+                batch_throughput(
+                    setup,
+                    size,
+                    speculative=speculative,
+                    k=k,
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                )
+            )
+    return points

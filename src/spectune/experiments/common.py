@@ -1,0 +1,220 @@
+"""What every experiment needs: a target, a draft model, prompts, and a timed decode.
+
+``load_setup`` builds the real configuration (the default target, a draft given by path,
+shipped name, or ``layers:N`` for the target's first N layers as a stand-in draft, and the
+evaluation prompts); ``toy_setup`` builds a seconds-long one from the toy models, for
+tests and for checking that a command runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from spectune.control.base import FixedK
+from spectune.drafters.base import Drafter
+from spectune.drafters.model import ModelDrafter
+from spectune.engine import SpeculativeEngine
+from spectune.errors import InvalidParameterError
+from spectune.models.base import KVCache, LanguageModel, ModelInfo, ModelOutput
+from spectune.models.llama import LlamaLM, LlamaTransformer
+from spectune.models.toy import perturbed, toy_config, toy_model
+from spectune.sampling import SamplingParams
+
+__all__ = [
+    "CountingModel",
+    "DecodeStats",
+    "Setup",
+    "decode_prompts",
+    "load_setup",
+    "stand_in_draft",
+    "toy_setup",
+    "truncated_draft",
+]
+
+
+@dataclass(frozen=True)
+class Setup:
+    target: LanguageModel
+    draft: LanguageModel
+    prompts: tuple[tuple[str, tuple[int, ...]], ...]  # (prompt id, token ids)
+    description: str
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """Totals over a prompt set for one decoding configuration."""
+
+    label: str
+    tokens: int
+    steps: int
+    drafted: int
+    accepted: int
+    target_tokens: int  # tokens the target forwarded in decode steps (its verification work)
+    decode_seconds: float
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per step (accepted draft tokens plus the target's own)."""
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def target_tokens_per_step(self) -> float:
+        return self.target_tokens / self.steps if self.steps else 0.0
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {
+            "label": self.label,
+            "tokens": self.tokens,
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "target_tokens_per_step": round(self.target_tokens_per_step, 3),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "decode_seconds": round(self.decode_seconds, 4),
+        }
+
+
+class CountingModel:
+    """A ``LanguageModel`` wrapper that counts the tokens its forwards process."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model
+        self.tokens_forwarded = 0
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.model.info
+
+    def new_cache(self, batch_size: int = 1, capacity: int | None = None) -> KVCache:
+        return self.model.new_cache(batch_size, capacity)
+
+    def forward(
+        self,
+        tokens: Tensor,  # [batch, chunk]
+        cache: KVCache,
+        *,
+        positions: Tensor | None = None,
+        chunk_mask: Tensor | None = None,
+    ) -> ModelOutput:
+        self.tokens_forwarded += int(tokens.numel())
+        return self.model.forward(tokens, cache, positions=positions, chunk_mask=chunk_mask)
+
+
+def truncated_draft(model: LlamaLM, num_layers: int) -> LlamaLM:
+    """The target's first ``num_layers`` blocks with its final norm and head: a draft that
+    needs no training and shares the vocabulary (a stand-in until a trained draft exists)."""
+    cfg = model.net.cfg
+    if not 1 <= num_layers < cfg.num_layers:
+        raise InvalidParameterError(f"layers:N needs 1 <= N < {cfg.num_layers}, got {num_layers}")
+    small = dataclasses.replace(cfg, num_layers=num_layers, name=f"{cfg.name}-first{num_layers}")
+    net = LlamaTransformer(small)
+    state = {
+        k: v
+        for k, v in model.net.state_dict().items()
+        if not k.startswith("layers.") or int(k.split(".")[1]) < num_layers
+    }
+    net.load_state_dict(state)
+    net.to(model.dtype)
+    return LlamaLM(net, name=small.name)
+
+
+def stand_in_draft(target: LanguageModel, ref: str) -> LanguageModel:
+    """Drafts that need no training, for when no trained draft exists yet:
+    ``layers:N`` (the target's first N blocks; agrees rarely without training) and
+    ``noise:X`` (the target with relative noise X on every weight; agrees often but costs
+    as much as the target, so only its acceptance figures mean anything)."""
+    if not isinstance(target, LlamaLM):
+        raise InvalidParameterError(f"{ref} drafts need the native runtime")
+    kind, _, value = ref.partition(":")
+    try:
+        if kind == "layers":
+            return truncated_draft(target, int(value))
+        if kind == "noise":
+            return perturbed(target, float(value))
+    except ValueError as exc:
+        raise InvalidParameterError(f"bad stand-in draft {ref!r}: {exc}") from exc
+    raise InvalidParameterError(f"unknown stand-in draft {ref!r} (layers:N or noise:X)")
+
+
+def load_setup(
+    target_ref: str = "default",
+    draft_ref: str = "auto",
+    *,
+    per_category: int = 1,
+    split: str | None = "dev",
+) -> Setup:
+    """The real configuration: target, draft model, and the evaluation prompts (chat
+    template applied), ``per_category`` prompts of each category. ``draft_ref``: a path or
+    shipped draft name, ``auto`` (the first shipped draft), or a stand-in (``layers:N``,
+    ``noise:X``)."""
+    from spectune.pairing import load_drafter, load_target
+    from spectune.prompts import load_prompts
+    from spectune.shipped import shipped_drafts
+
+    target = load_target(target_ref)
+    if draft_ref == "auto":
+        shipped = shipped_drafts()
+        if not shipped:
+            raise InvalidParameterError(
+                "no shipped draft yet: pass --draft PATH, or a stand-in (noise:0.05, layers:N)"
+            )
+        draft_ref = shipped[0]
+    if draft_ref.startswith(("layers:", "noise:")):
+        draft = stand_in_draft(target.model, draft_ref)
+    else:
+        drafter = load_drafter(draft_ref, target)
+        if not isinstance(drafter, ModelDrafter):
+            raise InvalidParameterError("experiments need a draft model, not 'ngram' or 'none'")
+        draft = drafter.model
+    prompts = load_prompts(split=split, limit_per_category=per_category)
+    encoded = tuple((p.id, tuple(p.tokens(target.tokenizer))) for p in prompts)
+    return Setup(target.model, draft, encoded, f"{target.model.info.name} + {draft.info.name}")
+
+
+def toy_setup(num_prompts: int = 4) -> Setup:
+    """Toy target and perturbed draft (no EOS, so runs have a fixed length)."""
+    config = dataclasses.replace(toy_config(), eos_token_ids=())
+    target = toy_model(0, config=config, scale=3.0)
+    draft = perturbed(target, 0.3)
+    generator = torch.Generator().manual_seed(0)
+    prompts = tuple(
+        (f"toy-{i}", tuple(torch.randint(3, 64, (3 + 2 * i,), generator=generator).tolist()))
+        for i in range(num_prompts)
+    )
+    return Setup(target, draft, prompts, "toy target + perturbed draft")
+
+
+def decode_prompts(
+    setup: Setup,
+    label: str,
+    drafter_factory: Callable[[], Drafter | None],
+    params: SamplingParams,
+    k: int,
+    *,
+    verify_groups: int = 1,
+    seed: int = 0,
+) -> DecodeStats:
+    """Decode every prompt (fresh drafter each, seeded generator each) and add up."""
+    tokens = steps = drafted = accepted = target_tokens = 0
+    seconds = 0.0
+    for index, (_, prompt) in enumerate(setup.prompts):
+        engine = SpeculativeEngine(setup.target, drafter_factory(), verify_groups=verify_groups)
+        generator = torch.Generator().manual_seed(seed + index)
+        gen = engine.run(list(prompt), params, policy=FixedK(k), generator=generator)
+        seconds += gen.decode_time
+        tokens += len(gen.tokens)
+        steps += len(gen.steps)
+        drafted += gen.drafted
+        accepted += gen.accepted
+        target_tokens += sum(s.drafted + 1 for s in gen.steps)
+    return DecodeStats(label, tokens, steps, drafted, accepted, target_tokens, seconds)

@@ -1,0 +1,83 @@
+"""Tree vs chain speculation at equal target cost.
+
+For a node budget n, the chain drafts K = n tokens and the tree drafts n nodes (width w,
+depth up to n): both make the target forward n + 1 tokens per step, so any gain in mean
+accepted length is the tree's. Reported per temperature: mean accepted length (tokens
+per step), tokens/s, and target tokens per step (to show the costs really were equal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spectune.drafters.model import ModelDrafter
+from spectune.drafters.tree import TreeDrafter, TreeShape
+from spectune.experiments.common import DecodeStats, Setup, decode_prompts
+from spectune.sampling import SamplingParams
+
+__all__ = ["TreeComparison", "tree_vs_chain"]
+
+
+@dataclass(frozen=True)
+class TreeComparison:
+    temperature: float
+    budget: int  # draft tokens (chain K) = tree nodes
+    chain: DecodeStats
+    tree: DecodeStats
+
+    @property
+    def accepted_length_gain(self) -> float:
+        """Relative gain of the tree's mean accepted length over the chain's."""
+        base = self.chain.mean_accepted_length
+        return self.tree.mean_accepted_length / base - 1.0 if base else 0.0
+
+    @property
+    def speed_gain(self) -> float:
+        base = self.chain.tokens_per_second
+        return self.tree.tokens_per_second / base - 1.0 if base else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "temperature": self.temperature,
+            "budget": self.budget,
+            "chain": self.chain.as_dict(),
+            "tree": self.tree.as_dict(),
+            "accepted_length_gain": round(self.accepted_length_gain, 4),
+            "speed_gain": round(self.speed_gain, 4),
+        }
+
+
+def tree_vs_chain(
+    setup: Setup,
+    *,
+    budgets: Sequence[int] = (4, 8),
+    width: int = 2,
+    min_path_prob: float = 0.0,
+    temperatures: Sequence[float] = (0.0, 0.7),
+    max_tokens: int = 48,
+    seed: int = 0,
+) -> list[TreeComparison]:
+    results: list[TreeComparison] = []
+    for temperature in temperatures:
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+        for budget in budgets:
+            shape = TreeShape(width=width, nodes=budget, min_path_prob=min_path_prob)
+            chain = decode_prompts(
+                setup,
+                f"chain K={budget}",
+                lambda: ModelDrafter(setup.draft),
+                params,
+                budget,
+                seed=seed,
+            )
+            tree = decode_prompts(
+                setup,
+                f"tree w={width} n={budget}",
+                lambda shape=shape: TreeDrafter(setup.draft, shape),  # type: ignore[misc]
+                params,
+                budget,
+                seed=seed,
+            )
+            results.append(TreeComparison(temperature, budget, chain, tree))
+    return results

@@ -1,0 +1,261 @@
+"""Counters fed from step records, and the rates derived from them.
+
+Like vLLM's spec-decode metrics, the state is plain counters; rates are derived when a
+snapshot is taken, three ways: over everything seen (``total``), over the last
+``window`` steps (``window``) and as an exponentially weighted moving average (``ewma``,
+weight ``smoothing`` on the newest step). EWMA rates are ratios of EWMAs (EWMA accepted
+over EWMA drafted, ...): each step weighs by its size, as in the totals, and the
+zero start cancels out of every ratio.
+
+Glossary (one step = one ``StepRecord``):
+- drafted / accepted    draft tokens proposed / kept by the target.
+- emitted               tokens appended to the output (after stop/EOS truncation).
+- rejections            token-level fallbacks: steps cut short by a rejected draft token,
+                        whose position the verifier resampled from the residual.
+- acceptance rate       accepted / drafted.
+- mean accepted length  (accepted + 1) per step: accepted tokens plus the bonus or
+                        recovered token, before truncation (plain steps count 1).
+- draft share           draft time / step time.
+- overhead              step time - draft time - target time (verification, bookkeeping).
+- estimated speedup     tokens per second over the plain-decoding baseline: one given by
+                        the caller, else measured from this stream's plain steps (K = 0,
+                        at least ``MIN_PLAIN_STEPS``), else predicted from a cost curve
+                        (one-token forward time), else unknown (None).
+- fallback frequency    steps run with a fallback reason / steps.
+- fallback kind         a reason's prefix before the colon (``local``, ``global``, ``cost``,
+                        ``drafter_error``); ``token`` counts rejections.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from spectune.costs import CostCurve
+
+if TYPE_CHECKING:
+    from spectune.engine import StepRecord
+
+__all__ = [
+    "FALLBACK_KINDS",
+    "MIN_PLAIN_STEPS",
+    "Rates",
+    "SpecStats",
+    "StatsSnapshot",
+    "StepNumbers",
+    "fallback_kind",
+]
+
+FALLBACK_KINDS = ("token", "local", "global", "cost", "drafter_error", "other")
+MIN_PLAIN_STEPS = 3  # plain steps needed before their rate is used as the baseline
+
+
+def fallback_kind(reason: str | None) -> str | None:
+    """``"local: acceptance ..."`` -> ``"local"``; unknown prefixes -> ``"other"``."""
+    if reason is None:
+        return None
+    kind = reason.split(":", 1)[0].strip()
+    return kind if kind in FALLBACK_KINDS else "other"
+
+
+@dataclass(frozen=True)
+class StepNumbers:
+    """One record reduced to what the counters need."""
+
+    k: int
+    drafted: int
+    accepted: int
+    emitted: int
+    draft_time: float
+    target_time: float
+    step_time: float
+    fallback: str | None  # the fallback kind, or None
+    new_fallback: bool  # the first step of this fallback in its request (an event)
+
+    @classmethod
+    def of(cls, record: StepRecord, previous_fallback: str | None) -> StepNumbers:
+        kind = fallback_kind(record.fallback)
+        return cls(
+            k=record.k,
+            drafted=record.drafted,
+            accepted=record.accepted,
+            emitted=len(record.emitted),
+            draft_time=record.draft_time,
+            target_time=record.target_time,
+            step_time=record.step_time,
+            fallback=kind,
+            new_fallback=kind is not None and kind != previous_fallback,
+        )
+
+    @property
+    def rejected(self) -> bool:
+        return self.accepted < self.drafted
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Derived values; None where undefined (nothing drafted, no baseline, no steps)."""
+
+    acceptance_rate: float | None
+    mean_accepted_length: float | None
+    draft_share: float | None
+    tokens_per_second: float | None
+    estimated_speedup: float | None
+    fallback_frequency: float | None
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """Counters and rates at one moment (per request or aggregated across requests)."""
+
+    requests: int
+    steps: int
+    drafted: int
+    accepted: int
+    emitted: int
+    rejections: int
+    accepted_per_position: tuple[int, ...]  # [i]: steps whose draft token i + 1 was accepted
+    drafted_per_position: tuple[int, ...]  # [i]: steps that drafted a token i + 1
+    fallback_steps: Mapping[str, int]  # kind -> steps run under that fallback
+    fallback_events: Mapping[str, int]  # kind -> times it began (``token``: rejections)
+    draft_time: float
+    target_time: float
+    overhead_time: float
+    step_time: float
+    baseline_tokens_per_second: float | None
+    baseline_source: str | None  # "given" | "measured" | "predicted" | None
+    total: Rates
+    window: Rates
+    ewma: Rates
+
+
+@dataclass
+class _Sums:
+    """Additive quantities the rates are ratios of (plain sums or EWMAs of them)."""
+
+    steps: float = 0.0
+    drafted: float = 0.0
+    accepted: float = 0.0
+    emitted: float = 0.0
+    draft_time: float = 0.0
+    step_time: float = 0.0
+    fallback_steps: float = 0.0
+
+    def add(self, n: StepNumbers, weight: float = 1.0, decay: float = 1.0) -> None:
+        """self = decay * self + weight * n (a plain sum with the defaults)."""
+        self.steps = decay * self.steps + weight
+        self.drafted = decay * self.drafted + weight * n.drafted
+        self.accepted = decay * self.accepted + weight * n.accepted
+        self.emitted = decay * self.emitted + weight * n.emitted
+        self.draft_time = decay * self.draft_time + weight * n.draft_time
+        self.step_time = decay * self.step_time + weight * n.step_time
+        self.fallback_steps = decay * self.fallback_steps + weight * (n.fallback is not None)
+
+    def rates(self, baseline: float | None) -> Rates:
+        tps = self.emitted / self.step_time if self.step_time > 0 else None
+        return Rates(
+            acceptance_rate=self.accepted / self.drafted if self.drafted > 0 else None,
+            mean_accepted_length=(
+                (self.accepted + self.steps) / self.steps if self.steps > 0 else None
+            ),
+            draft_share=self.draft_time / self.step_time if self.step_time > 0 else None,
+            tokens_per_second=tps,
+            estimated_speedup=tps / baseline if tps is not None and baseline else None,
+            fallback_frequency=self.fallback_steps / self.steps if self.steps > 0 else None,
+        )
+
+
+@dataclass
+class SpecStats:
+    """Counters over a stream of steps; ``observe`` one request's records in order.
+
+    Several requests may feed one ``SpecStats`` through ``add`` (the aggregate), each
+    with ``StepNumbers.of(record, its own previous fallback kind)``.
+    """
+
+    window: int = 32
+    smoothing: float = 0.1
+    baseline_tokens_per_second: float | None = None  # given by the caller
+    cost_curve: CostCurve | None = None  # for a predicted baseline
+    requests: int = 0
+    _total: _Sums = field(default_factory=_Sums)
+    _ewma: _Sums = field(default_factory=_Sums)
+    _recent: deque[StepNumbers] = field(default_factory=deque)
+    _plain: _Sums = field(default_factory=_Sums)  # plain (K = 0) steps, for the baseline
+    _target_time: float = 0.0
+    _rejections: int = 0
+    _accepted_at: list[int] = field(default_factory=list)
+    _drafted_at: list[int] = field(default_factory=list)
+    _fallback_steps: Counter[str] = field(default_factory=Counter)
+    _fallback_events: Counter[str] = field(default_factory=Counter)
+    _last_fallback: str | None = None
+
+    def observe(self, record: StepRecord) -> StepNumbers:
+        numbers = StepNumbers.of(record, self._last_fallback)
+        self._last_fallback = numbers.fallback
+        self.add(numbers)
+        return numbers
+
+    def add(self, n: StepNumbers) -> None:
+        self._total.add(n)
+        self._ewma.add(n, weight=self.smoothing, decay=1.0 - self.smoothing)
+        self._recent.append(n)
+        if len(self._recent) > self.window:
+            self._recent.popleft()
+        if n.k == 0:
+            self._plain.add(n)
+        self._target_time += n.target_time
+        if n.rejected:
+            self._rejections += 1
+            self._fallback_events["token"] += 1
+        for position in range(n.drafted):
+            if position == len(self._drafted_at):
+                self._drafted_at.append(0)
+                self._accepted_at.append(0)
+            self._drafted_at[position] += 1
+            self._accepted_at[position] += position < n.accepted
+        if n.fallback is not None:
+            self._fallback_steps[n.fallback] += 1
+            if n.new_fallback:
+                self._fallback_events[n.fallback] += 1
+
+    def baseline(self) -> tuple[float | None, str | None]:
+        """Plain-decoding tokens per second and where the figure comes from."""
+        if self.baseline_tokens_per_second:
+            return self.baseline_tokens_per_second, "given"
+        if self._plain.steps >= MIN_PLAIN_STEPS and self._plain.step_time > 0:
+            return self._plain.emitted / self._plain.step_time, "measured"
+        if self.cost_curve is not None and self.cost_curve.seconds[0] > 0:
+            return 1.0 / self.cost_curve.seconds[0], "predicted"
+        return None, None
+
+    def snapshot(self) -> StatsSnapshot:
+        baseline, source = self.baseline()
+        window = _Sums()
+        for n in self._recent:
+            window.add(n)
+        total = self._total
+        return StatsSnapshot(
+            requests=self.requests,
+            steps=int(total.steps),
+            drafted=int(total.drafted),
+            accepted=int(total.accepted),
+            emitted=int(total.emitted),
+            rejections=self._rejections,
+            accepted_per_position=tuple(self._accepted_at),
+            drafted_per_position=tuple(self._drafted_at),
+            fallback_steps=MappingProxyType(dict(self._fallback_steps)),
+            fallback_events=MappingProxyType(dict(self._fallback_events)),
+            draft_time=total.draft_time,
+            target_time=self._target_time,
+            overhead_time=total.step_time - total.draft_time - self._target_time,
+            step_time=total.step_time,
+            baseline_tokens_per_second=baseline,
+            baseline_source=source,
+            total=total.rates(baseline),
+            window=window.rates(baseline),
+            ewma=self._ewma.rates(baseline),
+        )

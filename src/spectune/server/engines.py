@@ -1,0 +1,111 @@
+"""Building the batch engine the scheduler steps: the batched engine, or the sequential one.
+
+``batch`` (``spectune.batch.BatchEngine``) runs one target pass per step over every
+running request; ``sequential`` runs one pass per request (exact, slower; a reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spectune.batch import BatchEngine
+from spectune.control.base import KPolicy
+from spectune.crossover import load_crossover
+from spectune.drafters.base import Drafter
+from spectune.drafters.model import ModelDrafter
+from spectune.drafters.ngram import NgramDrafter
+from spectune.errors import InvalidParameterError
+from spectune.models.base import LanguageModel
+from spectune.sampling import SamplingParams
+from spectune.server.scheduler import RequestPolicies, StepEngine
+from spectune.server.sequential import SequentialBatchEngine
+
+__all__ = ["ENGINES", "DraftSource", "EngineSettings", "build_engine"]
+
+ENGINES = ("batch", "sequential")
+
+
+@dataclass(frozen=True)
+class DraftSource:
+    """What drafts: a draft model, prompt lookup (``ngram``), a factory of per-request
+    drafters (any ``Drafter``, e.g. the test doubles), or nothing."""
+
+    model: LanguageModel | None = None
+    ngram: bool = False
+    drafters: Callable[[], Drafter] | None = None
+    label: str | None = None  # the name clients use in ``spectune.drafter``
+
+    @property
+    def name(self) -> str | None:
+        if self.label is not None:
+            return self.label
+        if self.model is not None:
+            return f"model:{self.model.info.name}"
+        if self.ngram:
+            return "ngram"
+        return "custom" if self.drafters is not None else None
+
+    def factory(self) -> Callable[[], Drafter] | None:
+        """Per-request drafters (drafters keep per-request state)."""
+        model = self.model
+        if model is not None:
+            return lambda: ModelDrafter(model)
+        if self.ngram:
+            return NgramDrafter
+        return self.drafters
+
+    def for_batch(self) -> LanguageModel | str | Callable[[], Drafter] | None:
+        """The ``draft`` argument of ``BatchEngine``."""
+        if self.model is not None:
+            return self.model
+        return "ngram" if self.ngram else self.drafters
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    kind: str = "batch"
+    max_batch: int = 16
+    capacity: int = 2048  # most tokens per sequence (prompt + output)
+    speculate_max_batch: int | None = None  # above this many running requests: no drafts
+
+    def __post_init__(self) -> None:
+        if self.kind not in ENGINES:
+            raise InvalidParameterError(f"engine must be one of {', '.join(ENGINES)}")
+        if self.max_batch < 1:
+            raise InvalidParameterError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.capacity < 2:
+            raise InvalidParameterError(f"capacity must be >= 2 tokens, got {self.capacity}")
+        if self.speculate_max_batch is not None and self.speculate_max_batch < 0:
+            raise InvalidParameterError("speculate_max_batch must be >= 0")
+
+
+def build_engine(
+    target: LanguageModel,
+    draft: DraftSource,
+    settings: EngineSettings,
+    default_policy: Callable[[SamplingParams], KPolicy],
+) -> tuple[StepEngine, RequestPolicies, int]:
+    """The engine, the policy router it was built with, and its context limit per request."""
+    policies = RequestPolicies(default_policy)
+    context = min(settings.capacity, target.info.max_context)
+    if settings.kind == "sequential":
+        limit = settings.speculate_max_batch
+        engine = SequentialBatchEngine(
+            target,
+            draft.factory(),
+            max_batch=settings.max_batch,
+            # As BatchEngine: without a limit, the crossover measured on this machine.
+            speculate_max_batch=limit if limit is not None else load_crossover(target.info),
+            policy_factory=policies,
+        )
+        return engine, policies, context
+    batched = BatchEngine(
+        target,
+        draft.for_batch(),
+        max_batch=settings.max_batch,
+        capacity=settings.capacity,
+        speculate_max_batch=settings.speculate_max_batch,
+        policy_factory=policies,
+    )
+    return batched, policies, min(context, batched.capacity)

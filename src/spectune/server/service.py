@@ -1,0 +1,296 @@
+"""What the routes call: a request body becomes checked token ids, sampling parameters and a
+K policy (``prepare``), then a stream of text deltas from the scheduler (``stream``).
+
+Every check happens in ``prepare``, before the request takes a place in the queue, so a
+bad request is refused with a 4xx and never reaches the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from spectune.control.base import FixedK, KPolicy
+from spectune.control.registry import make_policy
+from spectune.errors import SpectuneError
+from spectune.models.base import LanguageModel
+from spectune.monitor.hub import Monitor
+from spectune.sampling import SamplingParams
+from spectune.server.errors import APIError
+from spectune.server.limits import Limits
+from spectune.server.metrics import ServerMetrics
+from spectune.server.output import Delta, TextAssembler
+from spectune.server.scheduler import (
+    AsyncSink,
+    QueueFull,
+    RequestPolicies,
+    Scheduler,
+    StepEngine,
+    Submission,
+    Update,
+)
+from spectune.server.schemas import ChatCompletionRequest, CompletionRequest, SpectuneOptions
+from spectune.tokenizer import Tokenizer
+
+__all__ = ["Prepared", "ServedModel", "Service"]
+
+DISCONNECT_POLL_SECONDS = 0.25
+GREEDY_BELOW = 1e-5  # temperatures under this decode greedily
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str  # the ``model`` clients send
+    model: LanguageModel
+    tokenizer: Tokenizer
+    drafter: str | None = None  # the served drafter's name; None: no speculation
+    aliases: tuple[str, ...] = ()  # other names accepted in ``model`` (e.g. "default")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    policy: KPolicy | None  # None: the engine's default
+    stream: bool
+    include_usage: bool
+
+
+class Service:
+    """The served model, its scheduler, limits and metrics."""
+
+    def __init__(
+        self,
+        served: ServedModel,
+        engine: StepEngine,
+        *,
+        limits: Limits | None = None,
+        api_key: str | None = None,
+        metrics: ServerMetrics | None = None,
+        context_limit: int | None = None,
+        policies: RequestPolicies | None = None,
+        monitor: Monitor | None = None,
+    ) -> None:
+        self.served = served
+        self.limits = limits or Limits()
+        self.api_key = api_key
+        self.metrics = metrics or ServerMetrics()
+        # Speculation statistics (``spectune_spec_decode_*``) on the same registry.
+        self.monitor = monitor or Monitor(registry=self.metrics.registry)
+        self.scheduler = Scheduler(
+            engine,
+            max_requests=self.limits.max_requests,
+            on_step=self.metrics.observe_step,
+            policies=policies,
+        )
+        self.context_limit = context_limit or served.model.info.max_context
+
+    # -- checking a request ---------------------------------------------------------------
+
+    def prepare(self, body: CompletionRequest | ChatCompletionRequest) -> Prepared:
+        if body.model != self.served.name and body.model not in self.served.aliases:
+            raise APIError(
+                404,
+                f"model '{body.model}' is not served here; this server serves '{self.served.name}'",
+                param="model",
+                code="model_not_found",
+            )
+        prompt = self._prompt_tokens(body)
+        if len(prompt) > self.limits.max_prompt_tokens:
+            raise APIError(
+                400,
+                f"the prompt has {len(prompt)} tokens; this server accepts at most "
+                f"{self.limits.max_prompt_tokens}",
+                param="prompt" if isinstance(body, CompletionRequest) else "messages",
+                code="prompt_too_long",
+            )
+        temperature = 1.0 if body.temperature is None else float(body.temperature)
+        if temperature < GREEDY_BELOW:
+            # The limit of sampling as the temperature falls is the argmax; a temperature
+            # this small would only overflow the scaled logits (vLLM draws the same line).
+            temperature = 0.0
+        params = SamplingParams(
+            temperature=temperature,
+            top_k=body.top_k or 0,
+            top_p=1.0 if body.top_p is None else float(body.top_p),
+            max_tokens=self._max_tokens(body, len(prompt)),
+            stop=body.stop_strings(),
+            seed=body.seed,
+        )
+        return Prepared(
+            prompt=tuple(prompt),
+            params=params,
+            policy=self._policy(body.spectune, params),
+            stream=body.stream,
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        )
+
+    def _prompt_tokens(self, body: CompletionRequest | ChatCompletionRequest) -> list[int]:
+        tokenizer = self.served.tokenizer
+        vocab = self.served.model.info.vocab_size
+        try:
+            if isinstance(body, ChatCompletionRequest):
+                messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+                return tokenizer.encode_chat(messages)
+            if isinstance(body.prompt, str):
+                return tokenizer.encode(body.prompt)
+            if isinstance(body.prompt[0], str):
+                return tokenizer.encode(str(body.prompt[0]))
+        except SpectuneError:
+            raise
+        except Exception as exc:  # tokenizers and templates raise many types on odd input
+            raise APIError(
+                400, f"cannot tokenize the prompt: {exc}", code="invalid_prompt"
+            ) from exc
+        tokens = [int(t) for t in body.prompt]
+        if any(not 0 <= t < vocab for t in tokens):
+            raise APIError(
+                400,
+                f"prompt token ids must be in [0, {vocab})",
+                param="prompt",
+                code="invalid_prompt",
+            )
+        return tokens
+
+    def _max_tokens(
+        self, body: CompletionRequest | ChatCompletionRequest, prompt_tokens: int
+    ) -> int:
+        asked = body.max_tokens
+        if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+            asked = body.max_completion_tokens
+        room = self.context_limit - prompt_tokens
+        if asked is None:
+            if room < 1:
+                raise APIError(
+                    400,
+                    f"the prompt has {prompt_tokens} tokens and fills the context of "
+                    f"{self.context_limit}",
+                    code="context_length_exceeded",
+                )
+            return min(self.limits.default_max_tokens, room)
+        if asked > self.limits.max_tokens:
+            raise APIError(
+                400,
+                f"max_tokens is {asked}; this server allows at most {self.limits.max_tokens}",
+                param="max_tokens",
+                code="max_tokens_too_large",
+            )
+        if asked > room:
+            raise APIError(
+                400,
+                f"the context holds {self.context_limit} tokens, but the prompt has "
+                f"{prompt_tokens} and max_tokens asks for {asked}",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return asked
+
+    def _policy(self, options: SpectuneOptions | None, params: SamplingParams) -> KPolicy | None:
+        """The request's own K policy, or None for the server's default.
+
+        ``off``, ``drafter: "none"`` or ``k: 0`` turn speculation off; a ``policy`` is built
+        by name (``k`` is then its fixed or initial K); ``k`` alone means a fixed K.
+        """
+        if options is None:
+            return None
+        served = self.served.drafter
+        if options.drafter not in (None, "none", served):
+            names = ", ".join(repr(n) for n in ("none", served) if n)
+            raise APIError(
+                400,
+                f"drafter '{options.drafter}' is not served here (choose from {names})",
+                param="spectune.drafter",
+                code="unknown_drafter",
+            )
+        policy: KPolicy | None
+        if options.off or options.drafter == "none" or served is None or options.k == 0:
+            policy = FixedK(0)
+        elif options.policy is not None:
+            config = (
+                {}
+                if options.k is None
+                else {"k" if options.policy == "fixed" else "initial_k": options.k}
+            )
+            policy = make_policy(options.policy, config, params=params)
+        elif options.k is not None:
+            policy = FixedK(options.k)
+        else:
+            policy = None
+        if policy is not None and not self.scheduler.accepts_policy:
+            raise APIError(
+                400,
+                "this server's batch engine does not take per-request speculation settings",
+                param="spectune",
+                code="unsupported_option",
+            )
+        return policy
+
+    # -- running a request ----------------------------------------------------------------
+
+    async def stream(
+        self,
+        prepared: Prepared,
+        assembler: TextAssembler,
+        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> AsyncIterator[Delta]:
+        """Submit the request and yield its text deltas until it finishes.
+
+        Leaving early (the client went away, the consumer stopped) cancels the request in
+        the engine, which frees its cache row; a stop string found here does the same.
+        ``is_disconnected`` is polled while waiting, for responses that are not streamed
+        (a streamed response is cancelled by the server when its client goes).
+        """
+        request_id = uuid.uuid4().hex
+        sink = AsyncSink(asyncio.get_running_loop())
+        submission = Submission(request_id, prepared.prompt, prepared.params, sink, prepared.policy)
+        try:
+            self.scheduler.submit(submission)
+        except QueueFull as exc:
+            raise APIError(
+                429,
+                f"the server is busy: {exc}; retry later",
+                type="rate_limit_error",
+                code="too_many_requests",
+            ) from exc
+        watch = self.monitor.request(policy=prepared.policy, request_id=request_id)
+        engine_done = False  # the engine finished the request and freed its row itself
+        client_gone = False
+        finished = False  # the last delta (with its finish reason) was handed out
+        try:
+            while True:
+                update = await self._next(sink, is_disconnected)
+                if update is None:
+                    client_gone = True
+                    break
+                watch.observe(update.record)
+                delta = assembler.push(update.record)
+                engine_done = update.record.finish_reason is not None
+                finished = delta.finish_reason is not None
+                yield delta
+                if finished:
+                    break  # a stop string may end the text before the engine ends it
+        except (GeneratorExit, asyncio.CancelledError):
+            # Closed before the end: the client went away (after the end: just cleanup).
+            client_gone = not finished
+            raise
+        finally:
+            watch.finish()
+            if not engine_done:
+                self.scheduler.cancel(request_id)
+            if client_gone:
+                self.metrics.cancelled.inc()
+
+    @staticmethod
+    async def _next(
+        sink: AsyncSink, is_disconnected: Callable[[], Awaitable[bool]] | None
+    ) -> Update | None:
+        if is_disconnected is None:
+            return await sink.next()
+        while True:
+            try:
+                return await asyncio.wait_for(sink.next(), DISCONNECT_POLL_SECONDS)
+            except TimeoutError:
+                if await is_disconnected():
+                    return None

@@ -1,0 +1,126 @@
+"""Token trees: the layout a target needs to score a whole tree in one forward pass.
+
+A tree draft proposes several continuations at once. The target reads the pending token
+(the root) and every node in one chunk; each node must see the committed prefix and its
+own ancestors only, at the rotary position it would have on its own path.
+
+Worked example. The cache holds 10 tokens; the pending token is "the" (the root, chunk
+index 0). The drafter proposes "cat" and "dog" after "the", and "sat" after "cat":
+
+    nodes (chunk index)   0 "the"   1 "cat"   2 "dog"   3 "sat"
+    parents (node index)            -1        -1        0          (``Draft.parents``)
+    depth                 0         1         1         2
+    position = 10 + depth 10        11        11        12
+
+    chunk_mask (row: query, column: key; 1 = may attend; the prefix is always visible)
+              the cat dog sat
+        the    1   0   0   0
+        cat    1   1   0   0
+        dog    1   0   1   0
+        sat    1   1   0   1
+
+The target's logits at chunk row c score the children of node c. If "cat sat" is
+accepted, the keys and values of chunk indices 1 and 3 (slots 11 and 13) are compacted
+into slots 11 and 12 (``keep_path``), and everything after is discarded.
+
+A chain is the tree whose parents are ``[-1, 0, 1, ...]``: positions and mask are the
+ordinary causal ones, and compaction moves nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from spectune.errors import DrafterError
+from spectune.models.base import KVCache
+
+__all__ = [
+    "MAX_TREE_NODES",
+    "chain_parents",
+    "check_parents",
+    "keep_path",
+    "tree_depths",
+    "tree_layout",
+    "trim_tree",
+]
+
+MAX_TREE_NODES = 64  # a tree wider than this costs the target more than it can win on a CPU
+
+
+def chain_parents(num_nodes: int) -> Tensor:
+    """[num_nodes] int64: the parents of a chain, ``[-1, 0, 1, ...]``."""
+    return torch.arange(num_nodes, dtype=torch.long) - 1
+
+
+def check_parents(parents: Tensor, num_nodes: int) -> None:
+    """Raise ``DrafterError`` unless ``parents`` describes a tree listed parents first."""
+    if parents.dim() != 1 or parents.dtype != torch.long or parents.shape[0] != num_nodes:
+        raise DrafterError(f"tree parents must be a 1-D int64 tensor of {num_nodes} entries")
+    if num_nodes > MAX_TREE_NODES:
+        raise DrafterError(f"a draft tree holds at most {MAX_TREE_NODES} nodes, got {num_nodes}")
+    index = torch.arange(num_nodes)
+    if bool(((parents < -1) | (parents >= index)).any()):
+        raise DrafterError("every tree node's parent must be -1 or an earlier node")
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each node (children of the root have depth 1)."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
+def tree_layout(parents: Tensor, prefix_length: int) -> tuple[Tensor, Tensor]:
+    """Positions and visibility for the chunk ``[root, node_0, ..., node_{n-1}]``.
+
+    parents: [n] int64 (node indices, -1 = the root). Returns
+    (positions [n + 1] int64 = prefix_length + depth, chunk_mask [n + 1, n + 1] bool where
+    row c is True at c's ancestors and at c itself).
+    """
+    parent_list = [int(p) for p in parents]
+    n = len(parent_list)
+    depths = [0] + tree_depths(parent_list)
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)  # [n + 1, n + 1]
+    mask[0, 0] = True
+    for node, parent in enumerate(parent_list):
+        row = node + 1
+        mask[row] = mask[parent + 1]  # the parent's ancestors (the parent's row is done)
+        mask[row, row] = True
+    positions = prefix_length + torch.tensor(depths, dtype=torch.long)  # [n + 1]
+    return positions, mask
+
+
+def trim_tree(
+    tokens: Tensor,  # [n] int64
+    probs: Tensor | None,  # [n, vocab]
+    parents: Tensor,  # [n] int64
+    max_nodes: int,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Keep the first ``max_nodes`` nodes (ancestor-closed, since parents come first).
+
+    Cutting by count keeps each node's children a prefix of the order they were drawn in,
+    which is what lossless sibling verification needs (``spectune.tree_verify``).
+    """
+    keep = max(0, max_nodes)
+    return tokens[:keep], None if probs is None else probs[:keep], parents[:keep]
+
+
+def keep_path(cache: KVCache, row: int, length_before: int, path: Sequence[int]) -> None:
+    """Step 6 for any draft: keep the root and the accepted ``path`` (chunk indices, root
+    excluded) of the chunk written at ``length_before``, contiguously; forget the rest.
+
+    For a chain the accepted path already sits in place (``path == 1..a``): only the
+    length moves. For a tree the path's entries are copied down (``move_slots``), so
+    the cache again holds exactly the committed tokens at their own positions.
+    """
+    if list(path) != list(range(1, len(path) + 1)):
+        move_slots = getattr(cache, "move_slots", None)
+        if move_slots is None:
+            raise TypeError("tree compaction needs a cache with move_slots (native runtime)")
+        src = length_before + torch.tensor(list(path), dtype=torch.long)  # [a]
+        move_slots(row, src, length_before + 1)
+    cache.truncate(length_before + 1 + len(path), row)

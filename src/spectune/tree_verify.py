@@ -1,0 +1,165 @@
+"""Tree verification: which path of a token tree the target keeps, and which token it adds.
+
+Glossary (SpecInfer, Miao et al. 2024; multi-draft speculative sampling as in SpecTr,
+Sun et al. 2023, and Sequoia, Chen et al. 2024, whose without-replacement form this is):
+
+- node, root        the pending token is the root; ``Draft.parents`` links the nodes.
+- siblings          the children of one node, x_1..x_m, drawn one after the other from
+                    the drafter's distribution q at that node *without replacement*:
+                    x_j ~ q_j = normalise(q with x_1..x_{j-1} removed).
+- target probs      p at each chunk row (row 0: the root, row i + 1: node i).
+- accepted path     the nodes kept, root to deepest; every step emits the path's tokens
+                    and one more: a recovered token or a bonus token.
+
+Greedy (temperature 0): from the root, move to the child whose token is the target's
+argmax while there is one; emit the path, then the argmax at its last node. Any tree
+shape and any drafter ranking give exactly the target's greedy output.
+
+Sampling (recursive rejection sampling over siblings). At a node with target
+distribution p_1 = p and children x_1..x_m:
+
+    for j = 1..m:   accept x_j with probability min(1, p_j(x_j) / q_j(x_j));
+                    on acceptance descend into x_j (its own p and children);
+                    on rejection p_{j+1} = normalise(max(0, p_j - q_j)),
+                                 q_{j+1} = normalise(q_j with x_j removed)
+    all rejected:   emit a sample of p_{m+1} (the recovered token) and stop.
+    a leaf kept:    emit a sample of p at the leaf (the bonus token) and stop.
+
+Why it is lossless: each stage j is one speculative-sampling step with proposal q_j and
+target p_j, and, given everything before it, x_j really is distributed as q_j (that is
+what drawing without replacement means). The standard argument (Leviathan et al. 2023,
+appendix A.1) shows that "accept x_j, else draw from the residual p_{j+1}" yields p_j.
+By induction from the last sibling (whose "else" is the exact draw from p_{m+1})
+backwards, stage 1 yields p: the token emitted at the node is distributed as the
+target's. After an acceptance the same holds one level down, conditioned on the path,
+so the emitted sequence has the target's distribution. The rejected x_j has no mass in
+p_{j+1} (rejection needs p_j(x_j) < q_j(x_j)), so removing it from q_{j+1} keeps the
+stages consistent. Two conditions make this hold, and the drafter keeps both: the
+number of children of a node never depends on those children's values (a rerank that
+drops a sampled child for its own probability would bias q_j), and siblings are listed
+in the order they were drawn. Drafters without probabilities (n-gram, greedy top-b
+lists) count as one-hot proposals: x_j is accepted with probability p_j(x_j), and the
+residual is p_j with x_j removed; deterministic candidates are exact too.
+
+With one child per node this is exactly ``verify.verify_sampled`` (the same arithmetic
+and the same random numbers), so a width-1 tree is chain speculation.
+
+Random numbers, in order: one uniform per node in node order (drawn together; a node
+never reached leaves its uniform unused, so consumption depends only on the tree's
+size), then one uniform for the recovered or bonus token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from spectune.sampling import sample_from
+from spectune.verify import VerifyResult
+
+__all__ = ["TreeVerifyResult", "verify_tree_greedy", "verify_tree_sampled"]
+
+
+@dataclass(frozen=True)
+class TreeVerifyResult(VerifyResult):
+    """``num_accepted``: nodes kept; ``bonus``: the path ended at an accepted leaf."""
+
+    tree_path: tuple[int, ...]  # chunk indices (node index + 1) of the accepted nodes
+
+    @property
+    def path(self) -> tuple[int, ...]:
+        return self.tree_path
+
+
+def _children(parents: list[int]) -> list[list[int]]:
+    """children[c]: chunk indices of chunk row c's children, in node order."""
+    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for node, parent in enumerate(parents):
+        children[parent + 1].append(node + 1)
+    return children
+
+
+def verify_tree_greedy(
+    tokens: Tensor,  # [n] int64, the nodes' tokens
+    parents: Tensor,  # [n] int64
+    target_logits: Tensor,  # [n + 1, vocab], row 0 = the root
+) -> TreeVerifyResult:
+    target_argmax = target_logits.argmax(-1).tolist()  # [n + 1]
+    node_tokens = tokens.tolist()
+    children = _children(parents.tolist())
+    path: list[int] = []
+    current = 0
+    while True:
+        wanted = target_argmax[current]
+        match = next((c for c in children[current] if node_tokens[c - 1] == wanted), None)
+        if match is None:
+            break
+        path.append(match)
+        current = match
+    emitted = [node_tokens[c - 1] for c in path] + [target_argmax[current]]
+    return TreeVerifyResult(len(path), tuple(emitted), not children[current], tuple(path))
+
+
+def verify_tree_sampled(
+    tokens: Tensor,  # [n] int64
+    parents: Tensor,  # [n] int64
+    draft_probs: Tensor | None,  # [n, vocab]: row i = q at node i's parent; None = one-hot
+    target_probs: Tensor,  # [n + 1, vocab] fp32, already processed
+    generator: torch.Generator | None,
+) -> TreeVerifyResult:
+    n = tokens.shape[0]
+    node_tokens = tokens.tolist()
+    children = _children(parents.tolist())
+    uniforms = torch.rand(n, generator=generator)  # one per node, in node order
+    one = torch.ones(())
+    path: list[int] = []
+    current = 0
+    while True:
+        target_row = target_probs[current]  # p_1 at this node: [vocab]
+        kids = children[current]
+        if not kids:  # a leaf (or the root of an empty tree): the bonus token
+            last = sample_from(target_row, generator)
+            break
+        accepted_child: int | None = None
+        draft_row: Tensor | None = None if draft_probs is None else draft_probs[kids[0] - 1]
+        residual = target_row
+        for j, child in enumerate(kids):
+            token = node_tokens[child - 1]
+            draft_at = one if draft_row is None else draft_row[token]
+            # u < p_j / q_j written without the division (a zero q_j makes no NaN), in
+            # fp32 tensors like the chain verifier so a chain decides identically.
+            if bool(uniforms[child - 1] * draft_at < residual[token]):
+                accepted_child = child
+                break
+            if draft_row is None:  # one-hot proposal: the residual is p_j without x_j
+                residual = residual.clone()
+                residual[token] = 0.0
+            else:
+                residual = (residual - draft_row).clamp_min(0.0)
+            if j + 1 < len(kids):
+                # The next sibling's stage needs p_{j+1} and q_{j+1} normalised; the last
+                # residual is sampled as is (``sample_from`` scales by its mass), exactly
+                # as the chain verifier does.
+                residual = _normalised(residual, target_row)
+                if draft_row is not None:
+                    draft_row = draft_row.clone()
+                    draft_row[token] = 0.0
+                    draft_row = _normalised(draft_row, draft_row)
+        if accepted_child is None:
+            if not residual.sum() > 0:
+                # Only reachable through rounding when p_j == q_j (rejection then has
+                # probability ~0); the node's target row is the correct limit.
+                residual = target_row
+            last = sample_from(residual, generator)
+            break
+        path.append(accepted_child)
+        current = accepted_child
+    emitted = [node_tokens[c - 1] for c in path] + [int(last)]
+    return TreeVerifyResult(len(path), tuple(emitted), not children[current], tuple(path))
+
+
+def _normalised(row: Tensor, fallback: Tensor) -> Tensor:
+    total = row.sum()
+    return row / total if total > 0 else fallback

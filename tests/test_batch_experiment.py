@@ -1,0 +1,73 @@
+"""The experiment commands run and report (on toy models), and the crossover round-trips
+into BatchEngine. Benchmarks are not timed tests: no figure is checked here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spectune.batch import BatchEngine
+from spectune.cli import main
+from spectune.crossover import load_crossover, save_crossover
+from spectune.experiments.batching import BatchPoint, crossover
+from spectune.models.llama import LlamaLM
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SPECTUNE_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (
+            ["tree", "--budgets", "4", "--temperatures", "0,0.7", "--max-tokens", "8"],
+            "tree_vs_chain",
+        ),
+        (["batch", "--sizes", "1,2", "--max-tokens", "6"], "points"),
+        (["chunked", "--ks", "4", "--groups", "2", "--max-tokens", "8"], "rows"),
+    ],
+)
+def test_experiment_commands_run_on_toy_models(
+    private_cache: Path, argv: list[str], key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = private_cache / "result.json"
+    assert main(["experiment", *argv, "--toy", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report[key]
+    assert "toy" in report["setup"]
+    assert capsys.readouterr().out  # a table was printed
+
+
+def test_bad_experiment_arguments_exit_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["experiment", "tree", "--toy", "--budgets", "four"])
+    assert "comma-separated" in capsys.readouterr().err
+
+
+def point(batch: int, speculative: bool, seconds: float) -> BatchPoint:
+    return BatchPoint(batch, speculative, tokens=100, steps=10, seconds=seconds)
+
+
+def test_crossover_is_the_last_size_where_speculation_still_wins() -> None:
+    points = [
+        point(1, False, 2.0), point(1, True, 1.0),
+        point(2, False, 2.0), point(2, True, 1.5),
+        point(4, False, 2.0), point(4, True, 2.5),
+        point(8, False, 2.0), point(8, True, 1.0),  # a later win does not count
+    ]  # fmt: skip
+    assert crossover(points) == 2
+    assert crossover([point(1, False, 1.0), point(1, True, 2.0)]) == 0
+
+
+def test_batch_engine_reads_the_recorded_crossover(toy_target: LlamaLM) -> None:
+    assert load_crossover(toy_target.info) is None
+    assert BatchEngine(toy_target).speculate_max_batch is None
+    save_crossover(toy_target.info, 3, {"k": 4})
+    assert load_crossover(toy_target.info) == 3
+    assert BatchEngine(toy_target).speculate_max_batch == 3
+    assert BatchEngine(toy_target, speculate_max_batch=16).speculate_max_batch == 16

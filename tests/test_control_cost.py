@@ -1,0 +1,106 @@
+"""The cost policy: K from measured alpha, draft cost and the verification curve."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectune.control import CostK, make_policy
+from spectune.control.cost import LearnedCurve
+from spectune.control.replay import ScriptedStep, drive, fake_record
+from spectune.costs import CostCurve, optimal_k
+
+# A GPU-like curve: verifying k tokens costs little more than one.
+FLAT = CostCurve((1, 2, 4, 8, 16), (0.010, 0.0101, 0.0103, 0.0108, 0.012))
+# A compute-bound curve: a forward's time grows with its tokens.
+STEEP = CostCurve((1, 2, 4, 8, 16), (0.010, 0.018, 0.034, 0.066, 0.130))
+
+
+def cost(curve: CostCurve | None = None, **options: object) -> CostK:
+    policy = make_policy("cost", {"checks": [], **options}, cost_curve=curve)
+    assert isinstance(policy, CostK)
+    return policy
+
+
+def test_all_accepted_with_a_cheap_draft_goes_to_max_k() -> None:
+    step = ScriptedStep(1.0, draft_time_per_token=0.0005, target_time=0.0105)
+    trajectory = drive(cost(FLAT), [step] * 10)
+    assert trajectory[:3] == [4, 4, 4]  # warm-up at the initial K
+    assert trajectory[-1] == 8
+
+
+def test_a_steep_curve_keeps_k_small() -> None:
+    # alpha = 0.5: one of two drafted tokens accepted and then a rejection.
+    policy = cost(STEEP, initial_k=2)
+    steps = [ScriptedStep(0.5, draft_time_per_token=0.001, target_time=0.018)] * 12
+    trajectory = drive(policy, steps)
+    assert policy.alpha == pytest.approx(0.5)
+    assert set(trajectory[3:]) == {optimal_k(0.5, policy.draft_cost or 0, STEEP)[0]}
+    assert trajectory[-1] <= 2
+
+
+def test_decision_matches_the_speedup_model() -> None:
+    policy = cost(FLAT, margin=0.0)
+    drive(policy, [ScriptedStep(0.5, draft_time_per_token=0.002, target_time=0.0103)] * 10)
+    assert policy.alpha is not None and policy.draft_cost is not None
+    best_k, best = optimal_k(policy.alpha, policy.draft_cost, FLAT, max_k=8)
+    assert policy.next_k() == best_k
+    assert policy.predicted == pytest.approx(best)
+    # 2 ms per token over ~10 ms (the scripted target time is not exactly on the curve)
+    assert policy.draft_cost == pytest.approx(0.2, rel=0.02)
+
+
+def test_a_useless_draft_turns_speculation_off_with_a_reason() -> None:
+    policy = cost(FLAT)
+    trajectory = drive(policy, [0.0] * 10)
+    assert trajectory[:3] == [4, 4, 4]
+    assert trajectory[3:] == [0] * 7
+    assert policy.reason is not None and policy.reason.startswith("cost: no K beats plain")
+
+
+def test_off_probes_with_k1_and_comes_back_when_the_draft_pays() -> None:
+    policy = cost(FLAT, probe_every=8)
+    drive(policy, [0.0] * 3)
+    assert policy.next_k() == 0
+    # Plain steps emit one token each: a probe every 8 plain steps.
+    trajectory = drive(policy, [0.0] * 30)
+    probes = [i for i, k in enumerate(trajectory) if k == 1]
+    assert probes == [8, 17, 26]
+    assert all(k == 0 for i, k in enumerate(trajectory) if i not in probes)
+    # Now the draft is good: the probes raise alpha until some K beats plain decoding.
+    cheap = ScriptedStep(1.0, draft_time_per_token=0.0005, target_time=0.0103)
+    trajectory = drive(policy, [cheap] * 40)
+    assert trajectory[-1] > 1
+
+
+def test_learned_curve_without_a_measured_curve() -> None:
+    # Only chunks of 5 seen: the prior slope (0.05 per token) fills in the rest.
+    curve = LearnedCurve(smoothing=1.0, slope_prior=0.05)
+    curve.observe(5, 0.012)
+    assert curve.time(5) == pytest.approx(0.012)
+    assert curve.time(1) == pytest.approx(0.012 / 1.2)
+    # Two sizes: a straight line through them.
+    curve.observe(1, 0.010)
+    assert curve.time(3) == pytest.approx(0.011)
+    assert curve.time(9) == pytest.approx(0.014)
+    learned = curve.curve(9)
+    assert learned is not None and learned.relative(4) == pytest.approx(1.2)
+
+
+def test_learns_target_cost_from_records() -> None:
+    policy = cost(None)
+    for _ in range(3):  # plain steps measure the one-token forward
+        policy.observe(fake_record(0, 0, target_time=0.010))
+    assert policy.target_one == pytest.approx(0.010)
+    drive(policy, [ScriptedStep(0.75, draft_time_per_token=0.001, target_time=0.012)] * 6)
+    assert policy.learned.time(5) == pytest.approx(0.012)
+    assert policy.target_one == pytest.approx(0.010)
+    assert policy.draft_cost == pytest.approx(0.1)
+    assert 1 <= policy.next_k() <= 8
+
+
+def test_state_is_reported() -> None:
+    policy = cost(FLAT)
+    drive(policy, [0.75] * 4)
+    state = policy.state()
+    assert set(state) == {"k", "alpha", "draft_cost", "predicted_speedup"}
+    assert state["alpha"] == pytest.approx(0.75)

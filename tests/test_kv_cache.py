@@ -1,0 +1,70 @@
+"""KV rollback: truncate, re-append, and compare with a fresh full recompute."""
+
+from __future__ import annotations
+
+import torch
+
+from spectune.drafters import ModelDrafter
+from spectune.models.llama import LlamaLM
+from spectune.sampling import SamplingParams
+
+
+def full_logits(model: LlamaLM, tokens: list[int]) -> torch.Tensor:
+    cache = model.new_cache()
+    return model.forward(torch.tensor([tokens]), cache).logits[0]
+
+
+def test_truncate_and_reappend_matches_recompute(toy_target: LlamaLM) -> None:
+    prefix, rejected, replacement = [1, 4, 9, 16, 25], [3, 3, 3, 3], [7, 8]
+    cache = toy_target.new_cache()
+    toy_target.forward(torch.tensor([prefix]), cache)
+    toy_target.forward(torch.tensor([rejected]), cache)
+    cache.truncate(len(prefix))
+    logits = toy_target.forward(torch.tensor([replacement]), cache).logits[0]
+    expected = full_logits(toy_target, prefix + replacement)[len(prefix) :]
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    assert cache.length() == len(prefix) + len(replacement)
+
+
+def test_ragged_batch_rows_match_single_sequences(toy_target: LlamaLM) -> None:
+    rows = [[1, 2, 3, 4, 5, 6], [9, 8, 7]]
+    cache = toy_target.new_cache(batch_size=2)
+    # Prefill each row alone by writing a padded chunk and truncating the short row.
+    width = max(map(len, rows))
+    padded = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    toy_target.forward(padded, cache)
+    cache.truncate(len(rows[1]), row=1)
+    step = torch.tensor([[11, 12], [13, 14]])
+    logits = toy_target.forward(step, cache).logits
+    for b, row in enumerate(rows):
+        expected = full_logits(toy_target, row + step[b].tolist())[len(row) :]
+        torch.testing.assert_close(logits[b], expected, atol=1e-5, rtol=1e-5)
+
+
+def _fresh_proposal(model: LlamaLM, context: list[int], k: int) -> list[int]:
+    drafter = ModelDrafter(model)
+    return drafter.propose(context, k, SamplingParams(), None).tokens.tolist()
+
+
+def test_drafter_cache_in_sync_after_full_acceptance(toy_draft: LlamaLM) -> None:
+    drafter = ModelDrafter(toy_draft)
+    context = [1, 5, 6, 7]
+    draft = drafter.propose(context, 4, SamplingParams(), None).tokens.tolist()
+    # All four accepted, plus a bonus token: the last draft token was never ingested.
+    context = context + draft + [42]
+    assert drafter.ingested == [1, 5, 6, 7] + draft[:3]
+    again = drafter.propose(context, 3, SamplingParams(), None).tokens.tolist()
+    assert again == _fresh_proposal(toy_draft, context, 3)
+    assert drafter.cache is not None
+    assert drafter.cache.length() == len(context) + 2  # context + 2 ingested draft tokens
+
+
+def test_drafter_cache_in_sync_after_rejection_at_position_zero(toy_draft: LlamaLM) -> None:
+    drafter = ModelDrafter(toy_draft)
+    context = [1, 5, 6, 7]
+    draft = drafter.propose(context, 4, SamplingParams(), None).tokens.tolist()
+    recovered = (draft[0] + 1) % toy_draft.info.vocab_size
+    context = context + [recovered]  # nothing accepted: the target's own token
+    again = drafter.propose(context, 4, SamplingParams(), None).tokens.tolist()
+    assert again == _fresh_proposal(toy_draft, context, 4)
+    assert drafter.ingested[: len(context)] == context

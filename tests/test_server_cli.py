@@ -1,0 +1,63 @@
+"""``spectune serve`` wiring, in-process: the models are toys and uvicorn.run is captured,
+then the app it would have served answers a real client on a loopback port."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import uvicorn
+
+from spectune.cli import main
+from spectune.models.llama import LlamaLM
+from spectune.pairing import Loaded
+from spectune.server.testing import running_server, toy_tokenizer
+
+
+@pytest.fixture()
+def captured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, toy_target: LlamaLM
+) -> dict[str, Any]:
+    import spectune.cli.serve as serve
+
+    tokenizer = toy_tokenizer(tmp_path / "tok")
+    weights = tmp_path / "toy.gguf"
+    weights.touch()  # never read: load_target is replaced below
+    loaded = Loaded(toy_target, tokenizer, weights)
+    calls: dict[str, Any] = {}
+    monkeypatch.setattr(serve, "load_target", lambda ref, **kw: loaded)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.update(app=app, **kw))
+    monkeypatch.delenv("SPECTUNE_API_KEY", raising=False)
+    return calls
+
+
+def test_serve_defaults_to_loopback(captured: dict[str, Any]) -> None:
+    assert main(["serve", "--engine", "sequential"]) == 0
+    assert (captured["host"], captured["port"]) == ("127.0.0.1", 8000)
+    with running_server(captured["app"]) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["toy"]
+        result = client.completions.create(
+            model="default", prompt="w1 w2 w1 w2", max_tokens=6, temperature=0
+        )
+        assert result.usage is not None and result.usage.completion_tokens == 6
+
+
+def test_serve_warns_without_a_key_off_loopback(
+    captured: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--engine", "sequential", "--host", "0.0.0.0", "--port", "9"]) == 0
+    assert "without an API key" in capsys.readouterr().err
+    assert main(["serve", "--engine", "sequential", "--host", "0.0.0.0", "--api-key", "k"]) == 0
+    assert "without an API key" not in capsys.readouterr().err
+
+
+def test_serve_rejects_bad_settings(captured: dict[str, Any]) -> None:
+    assert main(["serve", "--max-tokens", "0"]) == 2
+    assert main(["serve", "--threads", "0"]) == 2
+    assert main(["serve", "--max-batch", "0"]) == 2
+    assert main(["serve", "--speculate-max-batch", "-1"]) == 2
+    assert main(["serve", "--policy", "fixed", "-k", "99"]) == 2
+    assert "app" not in captured
