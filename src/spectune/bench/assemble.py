@@ -20,13 +20,15 @@ from typing import Any
 
 import torch
 
-from spectune.bench.plan import BenchConfig
+from spectune.bench.plan import BenchConfig, parse_tree_shape
 from spectune.bench.systems import HFSystem, SpectuneSystem, System, SystemInfo
 from spectune.control.base import FixedK, KPolicy
+from spectune.control.registry import make_policy
 from spectune.costs import CostCurve, measure_forward_curve
 from spectune.drafters.base import Drafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
+from spectune.drafters.tree import TreeDrafter, TreeShape
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel, ModelInfo
 from spectune.models.llama import LlamaConfig, LlamaLM
@@ -94,23 +96,12 @@ def random_draft(target: ModelInfo, *, seed: int = 0) -> LlamaLM:
 
 
 def adaptive_policy(name: str, cost_curve: CostCurve | None) -> Callable[[SamplingParams], KPolicy]:
-    """A factory for the named adaptive policy from ``spectune.control``'s registry, given the
-    target's measured verification curve when the registry takes one.
-
-    Raises ImportError when the registry is not installed and any error the registry
-    raises for this name; the caller turns either into a note and skips the policy.
-    """
-    import inspect
-
-    from spectune.control import make_policy  # type: ignore[attr-defined,unused-ignore]
-
-    extra: dict[str, Any] = {}
-    if "cost_curve" in inspect.signature(make_policy).parameters:
-        extra["cost_curve"] = cost_curve
+    """A factory for the named policy of ``spectune.control``'s registry (default options),
+    given the target's measured verification curve. Raises the registry's error for a bad
+    name; the caller turns it into a note and skips the policy."""
 
     def make(params: SamplingParams) -> KPolicy:
-        policy: KPolicy = make_policy(name, None, params=params, **extra)
-        return policy
+        return make_policy(name, None, params=params, cost_curve=cost_curve)
 
     make(SamplingParams())  # fail now, at set-up, rather than in the middle of the run
     return make
@@ -154,6 +145,7 @@ def build_systems(
                     f"spectune {draft.label} K={k}", "spectune", draft.label, k, "fixed"
                 )
                 systems.append(SpectuneSystem.build(label, target, draft.drafter, _fixed(k)))
+            systems += _tree_systems(config, target, draft)
             for name, factory in policies:
                 label = SystemInfo(
                     f"spectune {draft.label} {name}", "spectune", draft.label, None, name
@@ -186,6 +178,24 @@ def build_systems(
                 "hf-lookup",
             )
             systems.append(hf(label, prompt_lookup_tokens=config.prompt_lookup_tokens))
+    return systems
+
+
+def _tree_systems(config: BenchConfig, target: LanguageModel, draft: DraftSource) -> list[System]:
+    """Token-tree variants of a model draft (``--trees``); trees need the native runtime."""
+    if not config.trees or not isinstance(draft.drafter, ModelDrafter):
+        return []
+    model = draft.drafter.model
+    if not isinstance(target, LlamaLM) or not isinstance(model, LlamaLM):
+        return []
+    systems: list[System] = []
+    for text in config.trees:
+        width, nodes = parse_tree_shape(text)
+        drafter = TreeDrafter(model, TreeShape(width=width, nodes=nodes))
+        label = f"{draft.label} tree{width}x{nodes}"
+        for k in config.tree_ks:
+            info = SystemInfo(f"spectune {label} K={k}", "spectune", label, k, "fixed")
+            systems.append(SpectuneSystem.build(info, target, drafter, _fixed(k)))
     return systems
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "Budgeted",
     "fit_budget",
     "load_bench_prompts",
+    "parse_tree_shape",
     "select_prompts",
 ]
 
@@ -47,6 +48,8 @@ class BenchConfig:
     dtypes: tuple[str, ...] = ("fp32",)
     ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     policies: tuple[str, ...] = ("threshold", "cost")
+    trees: tuple[str, ...] = ()  # token-tree shapes "WIDTHxNODES" for each draft model
+    tree_ks: tuple[int, ...] = (4,)  # tree depths (K) run for each shape
     systems: tuple[str, ...] = tuple(SYSTEM_KEYS)
     seed: int = 0
     prompt_lookup_tokens: int = 10
@@ -62,6 +65,8 @@ class BenchConfig:
             raise InvalidParameterError("--max-tokens and --repeats must be at least 1")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise InvalidParameterError("temperatures must be >= 0")
+        for shape in self.trees:
+            parse_tree_shape(shape)
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise InvalidParameterError("--budget-minutes must be positive")
 
@@ -71,6 +76,17 @@ class BenchConfig:
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
+
+
+def parse_tree_shape(text: str) -> tuple[int, int]:
+    """``"2x16"`` -> (width 2, node budget 16)."""
+    try:
+        width, nodes = (int(part) for part in text.lower().split("x"))
+    except ValueError as exc:
+        raise InvalidParameterError(
+            f"tree shape must be WIDTHxNODES (e.g. 2x16), got {text!r}"
+        ) from exc
+    return width, nodes
 
 
 @dataclass(frozen=True)

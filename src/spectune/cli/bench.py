@@ -62,6 +62,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--k", default="1,2,4,6,8", help="fixed Ks, comma-separated")
     parser.add_argument("--policies", default="threshold,cost", help="adaptive K policies")
     parser.add_argument(
+        "--trees",
+        default="",
+        help="token-tree shapes WIDTHxNODES for each draft model, comma-separated (e.g. 2x16)",
+    )
+    parser.add_argument("--tree-k", default="4", help="tree depths K, comma-separated")
+    parser.add_argument(
         "--systems",
         default=",".join(SYSTEM_KEYS),
         help="comma-separated: " + "; ".join(f"{k}: {v}" for k, v in SYSTEM_KEYS.items()),
@@ -92,6 +98,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         dtypes=tuple(dict.fromkeys(args.dtype or ["fp32"])),
         ks=tuple(validate_k(k) for k in _numbers(args.k, int, "--k")),
         policies=_names(args.policies),
+        trees=_names(args.trees),
+        tree_ks=tuple(validate_k(k) for k in _numbers(args.tree_k, int, "--tree-k")),
         systems=_names(args.systems),
         seed=args.seed,
         prompt_lookup_tokens=args.prompt_lookup_tokens,
@@ -112,6 +120,8 @@ def command_line(args: argparse.Namespace) -> str:
             parts += ["--" + flag.replace("_", "-"), str(value)]
     for dtype in args.dtype or []:
         parts += ["--dtype", dtype]
+    if args.trees:
+        parts += ["--trees", args.trees, "--tree-k", args.tree_k]
     for flag in ("split", "temperatures", "max_tokens", "repeats", "k", "policies", "systems"):
         parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     parts += ["--prompt-lookup-tokens", str(args.prompt_lookup_tokens), "--seed", str(args.seed)]
