@@ -107,6 +107,10 @@ def test_greedy_spectune_systems_equal_plain(bench_run: Path) -> None:
         else:
             assert row["hf_greedy_compared"] == 4, row["system"]
     assert all(r["greedy_compared"] == 0 for r in data["rows"] if r["temperature"] > 0)
+    # The analytic bound is reported for chains, and left empty for token trees.
+    chains = [r for r in greedy if r["family"] == "spectune" and "tree" not in r["system"]]
+    assert chains and all(r["predicted_speedup"] is not None for r in chains)
+    assert all(r["predicted_speedup"] is None for r in greedy if "tree" in r["system"])
 
 
 def test_json_carries_every_markdown_cell(bench_run: Path) -> None:

@@ -194,7 +194,9 @@ def _tree_systems(config: BenchConfig, target: LanguageModel, draft: DraftSource
         drafter = TreeDrafter(model, TreeShape(width=width, nodes=nodes))
         label = f"{draft.label} tree{width}x{nodes}"
         for k in config.tree_ks:
-            info = SystemInfo(f"spectune {label} K={k}", "spectune", label, k, "fixed")
+            info = SystemInfo(
+                f"spectune {label} K={k}", "spectune", label, k, "fixed", f"{width}x{nodes}"
+            )
             systems.append(SpectuneSystem.build(info, target, drafter, _fixed(k)))
     return systems
 

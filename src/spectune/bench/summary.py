@@ -18,6 +18,8 @@ Glossary (per system, dtype, temperature and category; ``all`` pools every promp
                       acceptance alpha, draft cost c (draft seconds per drafted token over the
                       target's one-token forward) and curve v(K); K = 0 steps count 1 / 1.
 - efficiency          measured decode speedup (decode tokens/s over plain's) / predicted.
+                      Chains only: for token trees (which verify nodes, not K tokens) the
+                      bound is left empty.
 """
 
 from __future__ import annotations
@@ -226,7 +228,10 @@ def summarize(
         ks = [k for m in group for k in m.result.ks]
         speculative = info.family not in ("spectune-plain", "hf-generate")
         alpha, cost, predicted = (
-            _bound(group, curves.get(dtype)) if info.family == "spectune" else (None, None, None)
+            # The chain model does not describe a tree (it verifies nodes, not K tokens).
+            _bound(group, curves.get(dtype))
+            if info.family == "spectune" and info.tree is None
+            else (None, None, None)
         )
         plain_key = (dtype, temperature, category, PLAIN)
         measured_decode = _ratio(decode_rates[key], decode_rates.get(plain_key))

@@ -51,6 +51,7 @@ class SystemInfo:
     drafter: str | None = None  # "ngram", "random", a draft's name; None without a draft
     k: int | None = None  # fixed K, when the system has one
     policy: str | None = None  # "fixed", "threshold", "cost", "hf-default", "hf-heuristic"
+    tree: str | None = None  # token-tree shape "WIDTHxNODES"; None for a chain
 
 
 @dataclass(frozen=True)
