@@ -14,9 +14,10 @@ Glossary (per system, dtype, temperature and category; ``all`` pools every promp
                       output token for token; transformers systems are also compared with
                       transformers' own greedy output (its numerics may differ from ours).
 - predicted speedup   the analytic model of ``spectune.costs`` applied to the steps taken:
-                      sum over steps of E[tokens | K] / sum of (K c + v(K)), with the measured
-                      acceptance alpha, draft cost c (draft seconds per drafted token over the
-                      target's one-token forward) and curve v(K); K = 0 steps count 1 / 1.
+                      sum over steps of E[tokens | d] / sum of (d c + v(d)), d = tokens the
+                      step drafted (<= K), with the measured acceptance alpha, draft cost c
+                      (draft seconds per drafted token over the target's one-token forward)
+                      and curve v; steps without a draft count 1 / 1.
 - efficiency          measured decode speedup (decode tokens/s over plain's) / predicted.
                       Chains only: for token trees (which verify nodes, not K tokens) the
                       bound is left empty.
@@ -178,15 +179,16 @@ def _bound(
 ) -> tuple[float | None, float | None, float | None]:
     """(alpha, c, predicted speedup) for a spectune speculative group, else Nones."""
     drafted = sum(m.result.drafted or 0 for m in group)
-    ks = [k for m in group for k in m.result.ks]
-    if curve is None or not ks or any(m.result.drafted is None for m in group):
+    # What each step verified: a drafter may return fewer tokens than K (n-gram misses).
+    sizes = [d for m in group for d in m.result.step_drafted]
+    if curve is None or not sizes or any(m.result.drafted is None for m in group):
         return None, None, None
     accepted = sum(m.result.accepted or 0 for m in group)
     alpha = accepted / drafted if drafted else 0.0
     draft_seconds = sum(m.result.draft_seconds or 0.0 for m in group)
     cost = (draft_seconds / drafted) / curve.seconds[0] if drafted else 0.0
-    tokens = sum(expected_tokens_per_step(alpha, k) for k in ks)
-    time_units = sum(k * cost + curve.relative(k) for k in ks)
+    tokens = sum(expected_tokens_per_step(alpha, d) for d in sizes)
+    time_units = sum(d * cost + curve.relative(d) for d in sizes)
     return alpha, cost, tokens / time_units
 
 

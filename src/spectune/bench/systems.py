@@ -65,7 +65,8 @@ class CallResult:
     accepted: int | None  # draft tokens the target kept
     draft_seconds: float | None  # time spent drafting
     decode_seconds: float | None = None  # time in decode steps (spectune only)
-    ks: tuple[int, ...] = ()  # K of every step (spectune only; 0 = a plain step)
+    ks: tuple[int, ...] = ()  # K asked for at every step (spectune only; 0 = a plain step)
+    step_drafted: tuple[int, ...] = ()  # tokens actually drafted at every step (<= K)
     fallback_steps: int = 0  # steps where speculation was off or cut short for a reason
 
 
@@ -125,6 +126,7 @@ class SpectuneSystem:
             draft_seconds=sum(s.draft_time for s in gen.steps) if speculative else None,
             decode_seconds=gen.decode_time,
             ks=tuple(s.k for s in gen.steps),
+            step_drafted=tuple(s.drafted for s in gen.steps),
             fallback_steps=sum(1 for s in gen.steps if s.fallback is not None),
         )
 
