@@ -196,6 +196,84 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+Key = tuple[str, float, str, str]  # (dtype, temperature, category, system)
+
+
+def _row(
+    key: Key,
+    items: Sequence[tuple[int, Measurement]],
+    info: SystemInfo,
+    medians: dict[Key, float],
+    decode_rates: dict[Key, float | None],
+    equality: Equality,
+    curve: CostCurve | None,
+) -> Row:
+    """One table row: a system's calls in one dtype, temperature and category."""
+    dtype, temperature, category, name = key
+    group = [m for _, m in items]
+    rates = _tps_over_repeats(group)
+    tokens = sum(len(m.result.tokens) for m in group)
+    steps = sum(m.result.target_calls for m in group)
+    drafted = [m.result.drafted for m in group]
+    accepted = sum(m.result.accepted or 0 for m in group)
+    draft_seconds = [m.result.draft_seconds for m in group]
+    spend = sum(m.result.decode_seconds or m.result.seconds for m in group)
+    ks = [k for m in group for k in m.result.ks]
+    speculative = info.family not in ("spectune-plain", "hf-generate")
+    alpha, cost, predicted = (
+        # The chain model does not describe a tree (it verifies nodes, not K tokens).
+        _bound(group, curve)
+        if info.family == "spectune" and info.tree is None
+        else (None, None, None)
+    )
+    plain_key = (dtype, temperature, category, PLAIN)
+    measured_decode = _ratio(decode_rates[key], decode_rates.get(plain_key))
+    compared = [equality.spectune[i] for i, _ in items if i in equality.spectune]
+    hf_compared = [equality.hf[i] for i, _ in items if i in equality.hf]
+    return Row(
+        system=name,
+        family=info.family,
+        drafter=info.drafter,
+        k=info.k,
+        policy=info.policy,
+        dtype=dtype,
+        temperature=temperature,
+        category=category,
+        calls=len(group),
+        new_tokens=tokens,
+        tokens_per_second=medians[key],
+        tps_min=min(rates),
+        tps_max=max(rates),
+        speedup_vs_plain=_ratio(medians[key], medians.get(plain_key)),
+        speedup_vs_hf=_ratio(medians[key], medians.get((dtype, temperature, category, HF_PLAIN))),
+        acceptance_rate=(
+            accepted / sum(d or 0 for d in drafted)
+            if speculative and all(d is not None for d in drafted) and any(drafted)
+            else None
+        ),
+        mean_accepted_length=tokens / steps if steps else 0.0,
+        draft_share=(
+            sum(s or 0.0 for s in draft_seconds) / spend
+            if spend > 0 and all(s is not None for s in draft_seconds)
+            else None
+        ),
+        fallback_rate=(
+            sum(m.result.fallback_steps for m in group) / len(ks)
+            if info.family == "spectune" and ks
+            else None
+        ),
+        mean_k=statistics.fmean(ks) if info.family == "spectune" and ks else None,
+        greedy_compared=len(compared),
+        greedy_equal=sum(compared),
+        hf_greedy_compared=len(hf_compared),
+        hf_greedy_equal=sum(hf_compared),
+        alpha=alpha,
+        draft_cost=cost,
+        predicted_speedup=predicted,
+        efficiency=_ratio(measured_decode, predicted),
+    )
+
+
 def summarize(
     measurements: Sequence[Measurement],
     systems: Sequence[SystemInfo],
@@ -203,88 +281,22 @@ def summarize(
 ) -> tuple[list[Row], list[Mismatch]]:
     infos = {s.name: s for s in systems}
     equality = find_mismatches(measurements, {s.name: s.family for s in systems})
-    groups: dict[tuple[str, float, str, str], list[tuple[int, Measurement]]] = defaultdict(list)
+    groups: dict[Key, list[tuple[int, Measurement]]] = defaultdict(list)
     for index, m in enumerate(measurements):
         for category in (m.category, ALL):
             groups[(m.dtype, m.temperature, category, m.system)].append((index, m))
 
-    medians: dict[tuple[str, float, str, str], float] = {}
-    decode_rates: dict[tuple[str, float, str, str], float | None] = {}
+    medians: dict[Key, float] = {}
+    decode_rates: dict[Key, float | None] = {}
     for key, items in groups.items():
         group = [m for _, m in items]
         medians[key] = statistics.median(_tps_over_repeats(group))
         decode_rates[key] = _decode_tps(group)
 
-    rows = []
-    for key, items in groups.items():
-        dtype, temperature, category, name = key
-        info = infos[name]
-        group = [m for _, m in items]
-        rates = _tps_over_repeats(group)
-        tokens = sum(len(m.result.tokens) for m in group)
-        steps = sum(m.result.target_calls for m in group)
-        drafted = [m.result.drafted for m in group]
-        accepted = sum(m.result.accepted or 0 for m in group)
-        draft_seconds = [m.result.draft_seconds for m in group]
-        spend = sum(m.result.decode_seconds or m.result.seconds for m in group)
-        ks = [k for m in group for k in m.result.ks]
-        speculative = info.family not in ("spectune-plain", "hf-generate")
-        alpha, cost, predicted = (
-            # The chain model does not describe a tree (it verifies nodes, not K tokens).
-            _bound(group, curves.get(dtype))
-            if info.family == "spectune" and info.tree is None
-            else (None, None, None)
-        )
-        plain_key = (dtype, temperature, category, PLAIN)
-        measured_decode = _ratio(decode_rates[key], decode_rates.get(plain_key))
-        compared = [equality.spectune[i] for i, _ in items if i in equality.spectune]
-        hf_compared = [equality.hf[i] for i, _ in items if i in equality.hf]
-        rows.append(
-            Row(
-                system=name,
-                family=info.family,
-                drafter=info.drafter,
-                k=info.k,
-                policy=info.policy,
-                dtype=dtype,
-                temperature=temperature,
-                category=category,
-                calls=len(group),
-                new_tokens=tokens,
-                tokens_per_second=medians[key],
-                tps_min=min(rates),
-                tps_max=max(rates),
-                speedup_vs_plain=_ratio(medians[key], medians.get(plain_key)),
-                speedup_vs_hf=_ratio(
-                    medians[key], medians.get((dtype, temperature, category, HF_PLAIN))
-                ),
-                acceptance_rate=(
-                    accepted / sum(d or 0 for d in drafted)
-                    if speculative and all(d is not None for d in drafted) and any(drafted)
-                    else None
-                ),
-                mean_accepted_length=tokens / steps if steps else 0.0,
-                draft_share=(
-                    sum(s or 0.0 for s in draft_seconds) / spend
-                    if spend > 0 and all(s is not None for s in draft_seconds)
-                    else None
-                ),
-                fallback_rate=(
-                    sum(m.result.fallback_steps for m in group) / len(ks)
-                    if info.family == "spectune" and ks
-                    else None
-                ),
-                mean_k=statistics.fmean(ks) if info.family == "spectune" and ks else None,
-                greedy_compared=len(compared),
-                greedy_equal=sum(compared),
-                hf_greedy_compared=len(hf_compared),
-                hf_greedy_equal=sum(hf_compared),
-                alpha=alpha,
-                draft_cost=cost,
-                predicted_speedup=predicted,
-                efficiency=_ratio(measured_decode, predicted),
-            )
-        )
+    rows = [
+        _row(key, items, infos[key[3]], medians, decode_rates, equality, curves.get(key[0]))
+        for key, items in groups.items()
+    ]
     order = {s.name: i for i, s in enumerate(systems)}
     rows.sort(
         key=lambda r: (r.dtype, r.temperature, r.category != ALL, r.category, order[r.system])
