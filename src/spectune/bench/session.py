@@ -7,6 +7,7 @@ system interleaved under a live view; (4) summarize, write the files, print the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import time
@@ -138,7 +139,7 @@ def run_session(
             "categories": sorted({p.category for p in schedule.prompts}),
             "repeats": schedule.repeats,
             "temperatures": list(schedule.temperatures),
-            "systems": [s.__dict__ for s in infos],
+            "systems": [dataclasses.asdict(s) for s in infos],
         },
         curves=curves,
         rows=rows,
