@@ -208,3 +208,22 @@ def test_random_draft_is_compatible_and_confident() -> None:
     probs = draft.forward(torch.tensor([[5, 6, 7, 8]]), cache).logits.softmax(-1)
     # Confident (beats transformers' 0.4 assistant threshold) on most positions.
     assert (probs.max(-1).values > 0.4).float().mean() >= 0.5
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--systems", "plain,bogus"], "unknown systems"),
+        (["--k", "0"], "K (draft tokens per step)"),
+        (["--temperatures", "0,hot"], "--temperatures"),
+        (["--trees", "2by16"], "tree shape"),
+        (["--repeats", "0"], "at least 1"),
+        (["--draft", "no-such-draft"], "model not found"),
+    ],
+)
+def test_bad_input_is_one_line_error(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--no-plots", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -86,9 +86,14 @@ def register(subparsers: Any) -> None:
 def config_from_args(args: argparse.Namespace) -> Any:
     from spectune.bench.plan import BenchConfig
     from spectune.engine import validate_k
+    from spectune.models.loading import resolve_model_path
     from spectune.shipped import shipped_drafts
 
     drafters = tuple(args.draft) if args.draft else (*shipped_drafts(), "ngram")
+    # Missing model files fail now, before minutes of loading.
+    for ref in (args.target, *drafters):
+        if ref not in ("ngram", "random"):
+            resolve_model_path(ref)
     return BenchConfig(
         target=args.target,
         drafters=drafters,
