@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from spectune.cli import experiment, export, generate, report, serve
+from spectune.cli import bench, experiment, export, generate, report, serve
 from spectune.errors import SpectuneError
 
 __all__ = ["main"]
 
-COMMANDS = (generate, report, experiment, serve, export)
+COMMANDS = (generate, report, experiment, serve, export, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

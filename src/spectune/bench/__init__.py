@@ -1,0 +1,36 @@
+"""``spectune bench``: spectune against plain decoding and transformers, side by side.
+
+Layout by role: ``plan`` (configuration, prompts, budget), ``systems`` (what is compared),
+``assemble`` (loading models and building systems), ``runner`` (interleaved timing),
+``summary`` (numbers and the analytic bound), ``report`` / ``plots`` (outputs), ``live``
+(the progress view), ``session`` (the whole run).
+"""
+
+from spectune.bench.assemble import Workbench, build_systems, load_workbench, random_draft
+from spectune.bench.plan import BenchConfig, BenchPrompt, load_bench_prompts
+from spectune.bench.runner import Measurement, Schedule, run_interleaved
+from spectune.bench.session import run_session
+from spectune.bench.summary import Mismatch, Row, summarize
+from spectune.bench.systems import CallResult, HFSystem, SpectuneSystem, System, SystemInfo
+
+__all__ = [
+    "BenchConfig",
+    "BenchPrompt",
+    "CallResult",
+    "HFSystem",
+    "Measurement",
+    "Mismatch",
+    "Row",
+    "Schedule",
+    "SpectuneSystem",
+    "System",
+    "SystemInfo",
+    "Workbench",
+    "build_systems",
+    "load_bench_prompts",
+    "load_workbench",
+    "random_draft",
+    "run_interleaved",
+    "run_session",
+    "summarize",
+]

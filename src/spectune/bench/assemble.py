@@ -1,0 +1,272 @@
+"""Loading what a benchmark compares, per dtype: the target twice (spectune's runtime and
+transformers), the drafts, and the systems built from them.
+
+The ``random`` draft is deliberately useless: a Llama-family model with random weights,
+sized like a small draft and sharing the target's vocabulary and special tokens, so it is
+compatible but never right. Its output layer is scaled so it is also *confident* (top
+probability well above transformers' assistant confidence threshold of 0.4): a hesitant
+random draft would be screened out by that threshold and would not test anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spectune.bench.plan import BenchConfig, parse_tree_shape
+from spectune.bench.systems import HFSystem, SpectuneSystem, System, SystemInfo
+from spectune.control.base import FixedK, KPolicy
+from spectune.control.registry import make_policy
+from spectune.costs import CostCurve, measure_forward_curve
+from spectune.drafters.base import Drafter
+from spectune.drafters.model import ModelDrafter
+from spectune.drafters.ngram import NgramDrafter
+from spectune.drafters.tree import TreeDrafter, TreeShape
+from spectune.errors import InvalidParameterError
+from spectune.models.base import LanguageModel, ModelInfo
+from spectune.models.llama import LlamaConfig, LlamaLM
+from spectune.models.loading import resolve_model_path, save_native
+from spectune.models.toy import toy_model
+from spectune.pairing import Loaded, load_drafter, load_target
+from spectune.sampling import SamplingParams
+
+__all__ = [
+    "DraftSource",
+    "Workbench",
+    "adaptive_policy",
+    "build_systems",
+    "load_workbench",
+    "measure_curves",
+    "random_draft",
+]
+
+CURVE_SIZES = (1, 2, 4, 8, 16)  # tokens per forward in the reported verification-cost curve
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+RANDOM_DRAFT_SCALE = 8.0  # logit spread of the random draft: confident and wrong
+
+
+@dataclass
+class DraftSource:
+    """One drafter as spectune uses it, and as transformers' assistant (model drafts only)."""
+
+    label: str  # "ngram", "random", or the draft's name
+    drafter: Drafter
+    hf_assistant: Any | None = None  # a transformers model, or None (n-gram; HF not loaded)
+
+
+@dataclass
+class Workbench:
+    """Everything one dtype's run needs."""
+
+    dtype: str
+    target: LanguageModel
+    hf_target: Any | None  # transformers model of the same checkpoint, when HF systems run
+    systems: list[System]
+    curves: dict[str, CostCurve]  # verification-cost curve per runtime ("spectune", "hf")
+    notes: list[str] = field(default_factory=list)
+
+
+def random_draft(target: ModelInfo, *, seed: int = 0) -> LlamaLM:
+    """A useless but compatible draft: random weights, the target's vocabulary and ids."""
+    hidden = max(32, min(256, (target.hidden_size // 2) // 32 * 32))
+    config = LlamaConfig(
+        vocab_size=target.vocab_size,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=hidden // 4,
+        max_context=target.max_context,
+        tie_word_embeddings=True,
+        bos_token_id=target.bos_token_id,
+        eos_token_ids=target.eos_token_ids,
+        pad_token_id=target.pad_token_id,
+        name="random",
+    )
+    model = toy_model(seed, config=config, scale=RANDOM_DRAFT_SCALE)
+    return LlamaLM(model.net, name="random")
+
+
+def adaptive_policy(name: str, cost_curve: CostCurve | None) -> Callable[[SamplingParams], KPolicy]:
+    """A factory for the named policy of ``spectune.control``'s registry (default options),
+    given the target's measured verification curve. Raises the registry's error for a bad
+    name; the caller turns it into a note and skips the policy."""
+
+    def make(params: SamplingParams) -> KPolicy:
+        return make_policy(name, None, params=params, cost_curve=cost_curve)
+
+    make(SamplingParams())  # fail now, at set-up, rather than in the middle of the run
+    return make
+
+
+def _fixed(k: int) -> Callable[[SamplingParams], KPolicy]:
+    return lambda params: FixedK(k)
+
+
+def build_systems(
+    config: BenchConfig,
+    target: LanguageModel,
+    hf_target: Any | None,
+    drafts: list[DraftSource],
+    notes: list[str],
+    cost_curve: CostCurve | None = None,
+) -> list[System]:
+    """Systems in table order: baselines first, then spectune, then transformers' drafting."""
+    info = target.info
+    systems: list[System] = []
+    plain = SystemInfo("spectune plain", "spectune-plain", policy="fixed", k=0)
+    systems.append(SpectuneSystem.build(plain, target, None, _fixed(0)))
+    eos = list(info.eos_token_ids)
+    pad = info.pad_token_id if info.pad_token_id is not None else (eos[0] if eos else 0)
+
+    def hf(info_: SystemInfo, **kwargs: Any) -> HFSystem:
+        return HFSystem(info_, hf_target, eos_token_ids=eos, pad_token_id=pad, **kwargs)
+
+    if hf_target is not None and config.runs("hf"):
+        systems.append(hf(SystemInfo("HF generate", "hf-generate")))
+    if config.runs("spectune"):
+        policies: list[tuple[str, Callable[[SamplingParams], KPolicy]]] = []
+        for name in config.policies:
+            try:
+                policies.append((name, adaptive_policy(name, cost_curve)))
+            except Exception as exc:  # a missing registry or a bad name: skip, say why
+                notes.append(f"policy '{name}' skipped: {type(exc).__name__}: {exc}")
+        for draft in drafts:
+            for k in config.ks:
+                label = SystemInfo(
+                    f"spectune {draft.label} K={k}", "spectune", draft.label, k, "fixed"
+                )
+                systems.append(SpectuneSystem.build(label, target, draft.drafter, _fixed(k)))
+            systems += _tree_systems(config, target, draft)
+            for name, factory in policies:
+                label = SystemInfo(
+                    f"spectune {draft.label} {name}", "spectune", draft.label, None, name
+                )
+                systems.append(SpectuneSystem.build(label, target, draft.drafter, factory))
+    if hf_target is not None:
+        for draft in drafts:
+            if draft.hf_assistant is None:
+                continue
+            if config.runs("hf-assisted"):
+                label = SystemInfo(
+                    f"HF assisted {draft.label}", "hf-assisted", draft.label, None, "hf-default"
+                )
+                systems.append(hf(label, assistant=draft.hf_assistant))
+            if config.runs("hf-heuristic"):
+                label = SystemInfo(
+                    f"HF assisted {draft.label} heuristic",
+                    "hf-assisted",
+                    draft.label,
+                    None,
+                    "hf-heuristic",
+                )
+                systems.append(hf(label, assistant=draft.hf_assistant, schedule="heuristic"))
+        if config.runs("hf-lookup"):
+            label = SystemInfo(
+                f"HF prompt lookup {config.prompt_lookup_tokens}",
+                "hf-lookup",
+                "prompt-lookup",
+                config.prompt_lookup_tokens,
+                "hf-lookup",
+            )
+            systems.append(hf(label, prompt_lookup_tokens=config.prompt_lookup_tokens))
+    return systems
+
+
+def _tree_systems(config: BenchConfig, target: LanguageModel, draft: DraftSource) -> list[System]:
+    """Token-tree variants of a model draft (``--trees``); trees need the native runtime."""
+    if not config.trees or not isinstance(draft.drafter, ModelDrafter):
+        return []
+    model = draft.drafter.model
+    if not isinstance(target, LlamaLM) or not isinstance(model, LlamaLM):
+        return []
+    systems: list[System] = []
+    for text in config.trees:
+        width, nodes = parse_tree_shape(text)
+        drafter = TreeDrafter(model, TreeShape(width=width, nodes=nodes))
+        label = f"{draft.label} tree{width}x{nodes}"
+        for k in config.tree_ks:
+            info = SystemInfo(
+                f"spectune {label} K={k}", "spectune", label, k, "fixed", f"{width}x{nodes}"
+            )
+            systems.append(SpectuneSystem.build(info, target, drafter, _fixed(k)))
+    return systems
+
+
+def _hf_model(path: Path, dtype: torch.dtype) -> Any:
+    from spectune.models.hf import load_hf_model
+
+    return load_hf_model(path, dtype=dtype).model
+
+
+def load_workbench(
+    config: BenchConfig, dtype_name: str, scratch: Path | None = None, *, curve_repeats: int = 5
+) -> tuple[Workbench, Loaded]:
+    """Load the target (and drafts) in one dtype, measure its verification-cost curve (the
+    ``cost`` policy and the analytic bound need it) and build the systems.
+
+    ``scratch`` holds the random draft's HF folder for transformers (a temporary folder
+    when None).
+    """
+    if dtype_name not in DTYPES:
+        raise InvalidParameterError(f"unknown dtype {dtype_name!r} (fp32 or bf16)")
+    dtype = DTYPES[dtype_name]
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    loaded = load_target(config.target, dtype=dtype, runtime="native")
+    needs_hf = any(config.runs(key) for key in ("hf", "hf-assisted", "hf-heuristic", "hf-lookup"))
+    hf_target = _hf_model(loaded.path, dtype) if needs_hf else None
+    wants_assistant = hf_target is not None and (
+        config.runs("hf-assisted") or config.runs("hf-heuristic")
+    )
+    drafts: list[DraftSource] = []
+    for spec in config.drafters:
+        if spec == "ngram":
+            drafts.append(DraftSource("ngram", NgramDrafter()))
+        elif spec == "random":
+            model = random_draft(loaded.model.info, seed=config.seed)
+            assistant = None
+            if wants_assistant:
+                folder = Path(scratch or tempfile.mkdtemp(prefix="spectune-bench-")) / "random"
+                save_native(model, folder)
+                assistant = _hf_model(folder, dtype)
+            # After saving: ``to`` converts the module in place.
+            drafter_model = LlamaLM(model.net.to(dtype), name="random")
+            drafts.append(DraftSource("random", ModelDrafter(drafter_model), assistant))
+        else:
+            drafter = load_drafter(spec, loaded, dtype=dtype, runtime="native")
+            if drafter is None:
+                continue
+            path = resolve_model_path(spec)
+            assistant = _hf_model(path, dtype) if wants_assistant else None
+            label = path.stem if path.is_file() else path.name
+            drafts.append(DraftSource(label, drafter, assistant))
+    notes: list[str] = []
+    curves = measure_curves(loaded.model, hf_target, repeats=curve_repeats)
+    systems = build_systems(config, loaded.model, hf_target, drafts, notes, curves["spectune"])
+    return Workbench(dtype_name, loaded.model, hf_target, systems, curves, notes), loaded
+
+
+def measure_curves(
+    target: LanguageModel, hf_target: Any | None, *, repeats: int = 5
+) -> dict[str, CostCurve]:
+    """Verification-cost curves of the target in spectune's runtime and, if loaded, through
+    transformers (``spectune.models.hf`` wraps the same transformers model)."""
+    curves = {"spectune": measure_forward_curve(target, CURVE_SIZES, repeats=repeats)}
+    if hf_target is not None:
+        from spectune.models.hf import HFModel
+
+        with warnings.catch_warnings():
+            # transformers 5.x deprecates the adapter's ``past_key_values`` argument (kept
+            # for transformers 4.x); the warning says nothing about the measurement.
+            warnings.simplefilter("ignore", FutureWarning)
+            hf = HFModel(hf_target, name="hf")
+            curves["hf"] = measure_forward_curve(hf, CURVE_SIZES, repeats=repeats)
+    return curves

@@ -1,0 +1,183 @@
+"""``spectune bench``: benchmark spectune against plain decoding and transformers."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import shlex
+from pathlib import Path
+from typing import Any
+
+from spectune.errors import InvalidParameterError
+
+__all__ = ["register"]
+
+
+def _numbers(text: str, kind: type[int] | type[float], what: str) -> tuple[Any, ...]:
+    try:
+        values = tuple(kind(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise InvalidParameterError(
+            f"{what}: expected comma-separated numbers, got {text!r}"
+        ) from exc
+    if not values:
+        raise InvalidParameterError(f"{what}: empty list")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def register(subparsers: Any) -> None:
+    from spectune.bench.plan import SYSTEM_KEYS
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark spectune against plain decoding and transformers",
+        description="Runs every system on the same prompts in one process, interleaved, and "
+        "writes results.json, results.md and PNG plots.",
+    )
+    parser.add_argument("--target", default="default", help="target model (default: SmolLM2-135M)")
+    parser.add_argument(
+        "--draft",
+        action="append",
+        default=None,
+        help="drafter (repeatable): a draft model path or shipped name, 'ngram', or 'random' "
+        "(a useless random-weight draft). Default: every shipped draft, and ngram",
+    )
+    parser.add_argument("--prompts", type=Path, default=None, help="JSONL prompt file")
+    parser.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    parser.add_argument("--limit-per-category", type=int, default=None)
+    parser.add_argument(
+        "--split", default="test", help="prompt split: test (held out, default), dev, or all"
+    )
+    parser.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,0.7")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--dtype", action="append", choices=("fp32", "bf16"), default=None, help="repeatable"
+    )
+    parser.add_argument("--k", default="1,2,4,6,8", help="fixed Ks, comma-separated")
+    parser.add_argument("--policies", default="threshold,cost", help="adaptive K policies")
+    parser.add_argument(
+        "--trees",
+        default="",
+        help="token-tree shapes WIDTHxNODES for each draft model, comma-separated (e.g. 2x16)",
+    )
+    parser.add_argument("--tree-k", default="4", help="tree depths K, comma-separated")
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEM_KEYS),
+        help="comma-separated: " + "; ".join(f"{k}: {v}" for k, v in SYSTEM_KEYS.items()),
+    )
+    parser.add_argument("--prompt-lookup-tokens", type=int, default=10)
+    parser.add_argument("--budget-minutes", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    parser.set_defaults(run=run)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from spectune.bench.plan import BenchConfig
+    from spectune.engine import validate_k
+    from spectune.models.loading import resolve_model_path
+    from spectune.shipped import shipped_drafts
+
+    drafters = tuple(args.draft) if args.draft else (*shipped_drafts(), "ngram")
+    # Missing model files fail now, before minutes of loading.
+    for ref in (args.target, *drafters):
+        if ref not in ("ngram", "random"):
+            resolve_model_path(ref)
+    return BenchConfig(
+        target=args.target,
+        drafters=drafters,
+        temperatures=_numbers(args.temperatures, float, "--temperatures"),
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        dtypes=tuple(dict.fromkeys(args.dtype or ["fp32"])),
+        ks=tuple(validate_k(k) for k in _numbers(args.k, int, "--k")),
+        policies=_names(args.policies),
+        trees=_names(args.trees),
+        tree_ks=tuple(validate_k(k) for k in _numbers(args.tree_k, int, "--tree-k")),
+        systems=_names(args.systems),
+        seed=args.seed,
+        prompt_lookup_tokens=args.prompt_lookup_tokens,
+        budget_minutes=args.budget_minutes,
+    )
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The run as one canonical command line, for the report (every option, explicit)."""
+    parts = ["spectune", "bench", "--target", args.target]
+    for draft in args.draft or []:
+        parts += ["--draft", draft]
+    if args.prompts is not None:
+        parts += ["--prompts", str(args.prompts)]
+    for flag in ("categories", "limit_per_category", "budget_minutes", "threads"):
+        value = getattr(args, flag)
+        if value is not None:
+            parts += ["--" + flag.replace("_", "-"), str(value)]
+    for dtype in args.dtype or []:
+        parts += ["--dtype", dtype]
+    if args.trees:
+        parts += ["--trees", args.trees, "--tree-k", args.tree_k]
+    for flag in ("split", "temperatures", "max_tokens", "repeats", "k", "policies", "systems"):
+        parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    parts += ["--prompt-lookup-tokens", str(args.prompt_lookup_tokens), "--seed", str(args.seed)]
+    parts += ["--out", str(args.out)]
+    return shlex.join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    import torch
+    from rich.console import Console
+    from transformers.utils import logging as hf_logging
+
+    from spectune.bench.assemble import load_workbench
+    from spectune.bench.plan import load_bench_prompts
+    from spectune.bench.session import run_session
+
+    config = config_from_args(args)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidParameterError("--threads must be at least 1")
+        torch.set_num_threads(args.threads)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    console = Console()
+    workbenches = []
+    prompts = None
+    with tempfile.TemporaryDirectory(prefix="spectune-bench-") as scratch:
+        for dtype in config.dtypes:
+            console.print(f"loading {config.target} ({dtype}) and drafts {list(config.drafters)}")
+            # transformers' GGUF conversion draws a plain tqdm bar on stderr; keep it out of
+            # the report (errors still raise).
+            with contextlib.redirect_stderr(io.StringIO()):
+                workbench, loaded = load_workbench(config, dtype, Path(scratch) / dtype)
+            workbenches.append(workbench)
+            if prompts is None:
+                prompts = load_bench_prompts(
+                    loaded.tokenizer,
+                    args.prompts,
+                    categories=_names(args.categories) if args.categories else None,
+                    split=None if args.split == "all" else args.split,
+                    limit_per_category=args.limit_per_category,
+                )
+        assert prompts is not None  # at least one dtype
+        run_session(
+            config,
+            workbenches,
+            prompts,
+            out=args.out,
+            console=console,
+            command=command_line(args),
+            plots=not args.no_plots,
+        )
+    return 0

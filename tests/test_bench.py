@@ -1,0 +1,229 @@
+"""``spectune bench`` end to end on tiny models: it runs, writes every output, flags a wrong
+system, and its JSON holds every field its Markdown shows. Not timed: numbers are not
+checked, only that they are reported."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from rich.console import Console
+
+from bench_fixtures import make_models, make_prompts
+from spectune.bench.assemble import Workbench, build_systems, measure_curves, random_draft
+from spectune.bench.plan import BenchConfig, BenchPrompt, fit_budget
+from spectune.bench.report import COLUMNS, cell
+from spectune.bench.session import run_session
+from spectune.bench.summary import ALL
+from spectune.bench.systems import CallResult, SpectuneSystem
+from spectune.cli import main
+from spectune.drafters.ngram import NgramDrafter
+from spectune.models.llama import LlamaLM
+from spectune.models.toy import toy_model
+from spectune.sampling import SamplingParams
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Any:
+    """Tiny models on a shared machine: one thread avoids thread-pool stalls."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    threads = torch.get_num_threads()
+    root = tmp_path_factory.mktemp("bench")
+    target, draft = make_models(root)
+    prompts = make_prompts(root / "prompts.jsonl")
+    out = root / "out"
+    status = main(
+        [
+            "bench",
+            "--target", str(target),
+            "--draft", str(draft),
+            "--draft", "ngram",
+            "--draft", "random",
+            "--prompts", str(prompts),
+            "--split", "all",
+            "--temperatures", "0,0.7",
+            "--repeats", "1",
+            "--max-tokens", "8",
+            "--k", "1,3",
+            "--trees", "2x6",
+            "--tree-k", "2",
+            "--out", str(out),
+            "--threads", "1",
+        ]
+    )  # fmt: skip
+    assert status == 0
+    torch.set_num_threads(threads)
+    return out
+
+
+def test_bench_writes_every_output(bench_run: Path) -> None:
+    data = json.loads((bench_run / "results.json").read_text())
+    assert (bench_run / "results.md").read_text().startswith("# spectune bench")
+    for temperature in ("0", "0.7"):
+        assert (bench_run / f"speedup_fp32_T{temperature}.png").stat().st_size > 0
+        assert (bench_run / f"tokens_per_s_vs_k_fp32_T{temperature}.png").stat().st_size > 0
+    systems = {r["system"] for r in data["rows"]}
+    assert {
+        "spectune plain",
+        "HF generate",
+        "spectune draft K=1",
+        "spectune ngram K=3",
+        "spectune random K=3",
+        "spectune draft threshold",
+        "spectune ngram cost",
+        "spectune random threshold",
+        "spectune draft tree2x6 K=2",
+        "HF assisted draft",
+        "HF assisted draft heuristic",
+        "HF assisted random",
+        "HF prompt lookup 10",
+    } <= systems
+    # Every raw call is kept: 4 prompts x 2 temperatures x 1 repeat per system.
+    assert len(data["measurements"]) == 4 * 2 * len(systems)
+    assert set(data["curves"]["fp32"]) == {"spectune", "hf"}
+    assert data["curves"]["fp32"]["spectune"]["sizes"] == [1, 2, 4, 8, 16]
+    assert data["command"].startswith("spectune bench --target ")
+
+
+def test_greedy_spectune_systems_equal_plain(bench_run: Path) -> None:
+    data = json.loads((bench_run / "results.json").read_text())
+    greedy = [r for r in data["rows"] if r["temperature"] == 0 and r["category"] == ALL]
+    for row in greedy:
+        assert row["greedy_compared"] == 4, row["system"]
+        if row["family"].startswith("spectune"):
+            assert row["greedy_equal"] == 4, row["system"]  # lossless, toy fp32
+        else:
+            assert row["hf_greedy_compared"] == 4, row["system"]
+    assert all(r["greedy_compared"] == 0 for r in data["rows"] if r["temperature"] > 0)
+    # The analytic bound is reported for chains, and left empty for token trees.
+    chains = [r for r in greedy if r["family"] == "spectune" and "tree" not in r["system"]]
+    assert chains and all(r["predicted_speedup"] is not None for r in chains)
+    assert all(r["predicted_speedup"] is None for r in greedy if "tree" in r["system"])
+
+
+def test_json_carries_every_markdown_cell(bench_run: Path) -> None:
+    data = json.loads((bench_run / "results.json").read_text())
+    markdown = (bench_run / "results.md").read_text().splitlines()
+    for row in data["rows"]:
+        for column in COLUMNS:
+            assert all(field in row for field in column.fields), column.header
+        if row["category"] != ALL:
+            continue
+        # The row's line in its section's headline table shows exactly these cells.
+        expected = "| " + " | ".join(cell(column, row) for column in COLUMNS) + " |"
+        assert expected in markdown, expected
+    curve = data["curves"]["fp32"]["spectune"]
+    assert any(f"{1000 * curve['seconds'][0]:.1f} ms" in line for line in markdown)
+
+
+class OneTokenOff:
+    """A deliberately wrong system: a correct one whose output has one token changed."""
+
+    def __init__(self, inner: SpectuneSystem, vocab: int) -> None:
+        self.inner = inner
+        self.vocab = vocab
+        self.info = replace(inner.info, name="wrong ngram K=2")
+
+    def run(self, prompt: Sequence[int], params: SamplingParams, seed: int) -> CallResult:
+        result = self.inner.run(prompt, params, seed)
+        tokens = list(result.tokens)
+        tokens[len(tokens) // 2] = (tokens[len(tokens) // 2] + 1) % self.vocab
+        return replace(result, tokens=tuple(tokens))
+
+
+def test_equality_check_flags_a_wrong_system(tmp_path: Path) -> None:
+    target = toy_model(0, scale=3.0)
+    config = BenchConfig(
+        drafters=("ngram",), ks=(2,), policies=(), systems=("plain", "spectune"), repeats=2
+    )
+    notes: list[str] = []
+    systems = build_systems(config, target, None, [_ngram()], notes)
+    good = systems[1]
+    assert isinstance(good, SpectuneSystem)
+    systems.append(OneTokenOff(good, target.info.vocab_size))
+    bench = Workbench("fp32", target, None, systems, measure_curves(target, None, repeats=1))
+    prompts = [BenchPrompt(f"p{i}", "c", tuple(range(5 + i, 15 + i))) for i in range(3)]
+    with open(tmp_path / "log.txt", "w") as log:
+        data = run_session(
+            replace(config, max_tokens=6),
+            [bench],
+            prompts,
+            out=tmp_path,
+            console=Console(file=log),
+            command="test",
+            plots=False,
+        )
+    rows = {r["system"]: r for r in data["rows"] if r["category"] == ALL}
+    assert rows["spectune ngram K=2"]["greedy_equal"] == 6  # 3 prompts x 2 repeats
+    assert rows["wrong ngram K=2"]["greedy_equal"] == 0
+    wrong = [m for m in data["mismatches"] if m["system"] == "wrong ngram K=2"]
+    assert len(wrong) == 6 and {m["first_difference"] for m in wrong} == {3}
+    assert all(m["system"] == "wrong ngram K=2" for m in data["mismatches"])
+    assert (
+        "wrong ngram K=2 (fp32), prompt p0, repeat 0: differs"
+        in (tmp_path / "results.md").read_text()
+    )
+
+
+def _ngram() -> Any:
+    from spectune.bench.assemble import DraftSource
+
+    return DraftSource("ngram", NgramDrafter())
+
+
+def test_budget_trims_repeats_then_prompts() -> None:
+    prompts = [BenchPrompt(f"{c}{i}", c, (1, 2)) for c in "ab" for i in range(4)]
+
+    def estimate(ps: Sequence[BenchPrompt], repeats: int) -> float:
+        return 10.0 * len(ps) * repeats
+
+    assert fit_budget(prompts, 3, estimate, None).repeats == 3
+    fitted = fit_budget(prompts, 3, estimate, 45.0)  # 8 prompts x 1 repeat = 80 s: too long
+    assert fitted.repeats == 1
+    assert [p.id for p in fitted.prompts] == ["a0", "a1", "b0", "b1"]
+    assert fitted.estimate_seconds == 40.0 and fitted.notes
+    tight = fit_budget(prompts, 3, estimate, 1.0)
+    assert len(tight.prompts) == 2 and "still estimated" in tight.notes[-1]
+
+
+def test_random_draft_is_compatible_and_confident() -> None:
+    target = toy_model(0, scale=3.0)
+    draft = random_draft(target.info)
+    assert isinstance(draft, LlamaLM)
+    assert draft.info.vocab_size == target.info.vocab_size
+    assert draft.info.eos_token_ids == target.info.eos_token_ids
+    cache = draft.new_cache(capacity=16)
+    probs = draft.forward(torch.tensor([[5, 6, 7, 8]]), cache).logits.softmax(-1)
+    # Confident (beats transformers' 0.4 assistant threshold) on most positions.
+    assert (probs.max(-1).values > 0.4).float().mean() >= 0.5
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--systems", "plain,bogus"], "unknown systems"),
+        (["--k", "0"], "K (draft tokens per step)"),
+        (["--temperatures", "0,hot"], "--temperatures"),
+        (["--trees", "2by16"], "tree shape"),
+        (["--repeats", "0"], "at least 1"),
+        (["--draft", "no-such-draft"], "model not found"),
+    ],
+)
+def test_bad_input_is_one_line_error(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--no-plots", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
