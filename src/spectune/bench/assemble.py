@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,10 +262,6 @@ def measure_curves(
     if hf_target is not None:
         from spectune.models.hf import HFModel
 
-        with warnings.catch_warnings():
-            # transformers 5.x deprecates the adapter's ``past_key_values`` argument (kept
-            # for transformers 4.x); the warning says nothing about the measurement.
-            warnings.simplefilter("ignore", FutureWarning)
-            hf = HFModel(hf_target, name="hf")
-            curves["hf"] = measure_forward_curve(hf, CURVE_SIZES, repeats=repeats)
+        hf = HFModel(hf_target, name="hf")
+        curves["hf"] = measure_forward_curve(hf, CURVE_SIZES, repeats=repeats)
     return curves
