@@ -13,6 +13,11 @@ from pathlib import Path
 import torch
 
 from spectune.drafters.base import Drafter
+from spectune.drafters.loading import (
+    feature_drafter_from_folder,
+    lm_drafter_from_folder,
+    read_draft_meta,
+)
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import IncompatibleModelsError
@@ -120,6 +125,12 @@ def load_drafter(
     if spec == "ngram":
         return NgramDrafter()
     path = resolve_model_path(spec)
+    meta = read_draft_meta(path)
+    if meta is not None and meta.kind == "feature":
+        # A feature head shares the target's embedding and output rows, hence its tokenizer.
+        return feature_drafter_from_folder(path, target.model)
     model = load_model(path, dtype=dtype, runtime=runtime)
     check_compatible(target.model.info, target.tokenizer, model.info, _draft_tokenizer(path))
+    if meta is not None:
+        return lm_drafter_from_folder(path, model)
     return ModelDrafter(model)

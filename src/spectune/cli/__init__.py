@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from spectune.cli import generate
+from spectune.cli import distill, generate
 from spectune.errors import SpectuneError
 
 __all__ = ["main"]
 
-COMMANDS = (generate,)
+COMMANDS = (generate, distill)
 
 
 def build_parser() -> argparse.ArgumentParser:
