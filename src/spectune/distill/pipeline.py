@@ -128,7 +128,7 @@ def distill(
     on_eval: Callable[[CurvePoint], None] | None = None,
 ) -> DistillResult:
     generated, reference = corpora
-    # Held out: the tail of the self-generated corpus (what drafts will face at run time).
+    # Held out: the head of the self-generated corpus (what drafts will face at run time).
     source = generated if len(generated) else reference
     train_part, heldout = source.split(heldout_sequences)
     corpus = DistillCorpus(train_part.sequences + (reference.sequences if len(generated) else []))
