@@ -116,3 +116,21 @@ class FeatureDrafter:
             if i + 1 < num_tokens:
                 features = self.head(token.view(1, 1), features.view(1, 1, -1), cache)[0, -1]
         return Draft(torch.stack(drafted).long(), torch.stack(probs))
+
+    @torch.inference_mode()
+    def score_sequence(
+        self, tokens: Sequence[int], target_hidden: Tensor | None, params: SamplingParams
+    ) -> Tensor:
+        """[len(tokens) - 1, vocab]. Row i uses the target's real h[i - 1]: the distribution of
+        a *first* draft token. Row 0 (no head input) is uniform."""
+        if target_hidden is None:
+            raise DrafterError("the feature drafter needs the target's hidden states")
+        n = len(tokens) - 1
+        rows = torch.full((n, self.vocab_size), 1.0 / self.vocab_size)
+        if n < 2:
+            return rows
+        ids = torch.tensor([list(tokens[1:n])])  # [1, n - 1] positions 1..n-1
+        features = self.head(ids, target_hidden[None, : n - 1].float())[0]  # [n - 1, hidden]
+        probs = process_logits(self.head.logits(features), params)
+        rows[1:] = probs if self.vocab_subset is None else self._probs(probs)
+        return rows

@@ -108,3 +108,15 @@ class ModelDrafter:
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Nothing to do eagerly: the next ``propose`` syncs the cache to ``context``."""
+
+    @torch.inference_mode()
+    def score_sequence(
+        self, tokens: Sequence[int], target_hidden: Tensor | None, params: SamplingParams
+    ) -> Tensor:
+        """One causal pass over ``tokens[:-1]``: [len(tokens) - 1, vocab] draft distributions."""
+        cache = self.model.new_cache(capacity=len(tokens))
+        logits = self.model.forward(torch.tensor([list(tokens[:-1])]), cache).logits[0]
+        probs = process_logits(logits, params)
+        if self.vocab_subset is None:
+            return probs
+        return scatter_to_vocab(probs, self.vocab_subset, self.model.info.vocab_size)
