@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
+from spectune.cache_dir import derived_path
 from spectune.errors import ModelLoadError, PromptError
 
 __all__ = ["IncrementalDecoder", "Tokenizer", "load_tokenizer"]
@@ -93,7 +95,18 @@ def load_tokenizer(path: Path) -> Tokenizer:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
         if path.is_file():
+            # Converting a GGUF vocabulary takes seconds; the converted tokenizer is cached.
+            cached = derived_path(path, "tokenizer")
+            if (cached / "tokenizer.json").is_file():
+                return Tokenizer(AutoTokenizer.from_pretrained(str(cached)))
             hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            try:
+                # Save aside then rename, so a concurrent reader never sees half a folder.
+                tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+                hf.save_pretrained(str(tmp))
+                os.replace(tmp, cached)
+            except OSError:
+                pass  # a read-only cache (or a concurrent writer) only costs speed
         else:
             hf = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:  # transformers raises a zoo of types for bad folders

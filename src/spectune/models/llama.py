@@ -23,7 +23,7 @@ from spectune.errors import PromptError
 from spectune.kv_cache import StaticKVCache
 from spectune.models.base import ModelInfo, ModelOutput
 
-__all__ = ["LlamaConfig", "LlamaLM", "LlamaTransformer"]
+__all__ = ["LlamaConfig", "LlamaLM", "LlamaTransformer", "truncated"]
 
 
 @dataclass(frozen=True)
@@ -289,3 +289,24 @@ class LlamaLM:
         )
         cache.advance(chunk)
         return ModelOutput(logits=logits, hidden=hidden)
+
+
+def truncated(model: LlamaLM, num_layers: int) -> LlamaLM:
+    """The model's first ``num_layers`` blocks under its own embedding, norm and head.
+
+    The classic zero-training draft (a "layer-skip" draft): same tokenizer, same family,
+    ``num_layers / total`` of the blocks' cost. Weights are shared, not copied.
+    """
+    cfg = model.net.cfg
+    if not 1 <= num_layers <= cfg.num_layers:
+        raise ValueError(f"num_layers must be in [1, {cfg.num_layers}], got {num_layers}")
+    small_cfg = dataclasses.replace(
+        cfg, num_layers=num_layers, name=f"{cfg.name}-first{num_layers}"
+    )
+    with torch.device("meta"):
+        net = LlamaTransformer(small_cfg)
+    net.embed_tokens = model.net.embed_tokens
+    net.layers = nn.ModuleList(model.net.layers[:num_layers])
+    net.norm = model.net.norm
+    net.lm_head = model.net.lm_head
+    return LlamaLM(net, name=small_cfg.name)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from spectune.cache_dir import derived_path
 from spectune.errors import ModelLoadError
 from spectune.models.base import LanguageModel
 from spectune.models.llama import LlamaConfig, LlamaLM, LlamaTransformer
@@ -164,7 +166,37 @@ _GGUF_NAMES = {
 
 
 def native_from_gguf(path: Path, *, dtype: torch.dtype = torch.float32) -> LlamaLM:
-    """Dequantise a Llama-family GGUF into the native runtime."""
+    """Dequantise a Llama-family GGUF into the native runtime.
+
+    The dequantised fp32 weights are cached as safetensors (see ``spectune.cache_dir``);
+    later loads read the cache, which takes a fraction of the conversion's time.
+    """
+    import json as _json
+
+    from safetensors.torch import load_file, save_file
+
+    cached = derived_path(path, "gguf-fp32")
+    weights, meta_file = cached / "model.safetensors", cached / "config.json"
+    if weights.is_file() and meta_file.is_file():
+        try:
+            cfg = LlamaConfig.from_dict(_json.loads(meta_file.read_text()))
+            return _build(cfg, load_file(str(weights)), dtype, source=path)
+        except Exception:  # a damaged cache is rebuilt from the GGUF below
+            pass
+    cfg, state = _read_gguf(path)
+    try:
+        # Write then rename, so a concurrent reader never sees a half-written cache.
+        cached.mkdir(parents=True, exist_ok=True)
+        tmp = cached / f"model.safetensors.{os.getpid()}.tmp"
+        save_file(state, str(tmp))
+        meta_file.write_text(_json.dumps(cfg.to_dict()))
+        os.replace(tmp, weights)
+    except OSError:
+        pass  # a read-only cache only costs speed
+    return _build(cfg, state, dtype, source=path)
+
+
+def _read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     import gguf
 
     reader = _gguf_reader(path)
@@ -217,7 +249,7 @@ def native_from_gguf(path: Path, *, dtype: torch.dtype = torch.float32) -> Llama
         elif arch == "llama" and name.endswith("k_proj.weight"):
             values = _unpermute(values, kv_heads)
         state[name] = torch.from_numpy(values.copy())
-    return _build(cfg, state, dtype, source=path)
+    return cfg, state
 
 
 def _hf_name(gguf_name: str) -> str | None:
