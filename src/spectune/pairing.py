@@ -60,7 +60,9 @@ def compatibility_problems(
     """Every reason the draft cannot serve the target (empty: compatible)."""
     problems: list[str] = []
     if target.family != draft.family:
-        problems.append(f"architecture families differ (target {target.family}, draft {draft.family})")
+        problems.append(
+            f"architecture families differ (target {target.family}, draft {draft.family})"
+        )
     if abs(target.vocab_size - draft.vocab_size) > MAX_VOCAB_DIFFERENCE:
         problems.append(
             f"vocabulary sizes differ by {abs(target.vocab_size - draft.vocab_size)} "

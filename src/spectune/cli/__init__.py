@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from spectune.cli import distill, generate
+from spectune.cli import distill, generate, select
 from spectune.errors import SpectuneError
 
 __all__ = ["main"]
 
-COMMANDS = (generate, distill)
+COMMANDS = (generate, distill, select)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,7 +33,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--target", default="default", help="target model (default, .gguf, folder)")
     parser.add_argument(
-        "--corpus", action="append", type=Path, required=True,
+        "--corpus",
+        action="append",
+        type=Path,
+        required=True,
         help="JSONL prompts (messages / question / instruction / text) or a text file; repeatable",
     )
     parser.add_argument("--out", type=Path, required=True, help="output folder")
@@ -44,21 +47,30 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--kv-heads", type=int, default=2, help="key/value heads (lm)")
     parser.add_argument("--ffn", type=int, default=768, help="MLP width")
     parser.add_argument(
-        "--vocab-size", type=int, default=None,
+        "--vocab-size",
+        type=int,
+        default=None,
         help="reduced draft vocabulary: the N most frequent corpus tokens (default: full)",
     )
     parser.add_argument("--generate", type=int, default=512, help="prompts the target continues")
     parser.add_argument(
-        "--reference", type=int, default=0,
+        "--reference",
+        type=int,
+        default=0,
         help="chats whose reference replies are teacher-forced (cheaper than generating)",
     )
-    parser.add_argument("--task-mix", action="store_true",
-                        help="rewrap prompts as translation/summary/context-QA tasks")
+    parser.add_argument(
+        "--task-mix",
+        action="store_true",
+        help="rewrap prompts as translation/summary/context-QA tasks",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gen-batch", type=int, default=32)
     parser.add_argument(
-        "--cache-dir", type=Path,
-        default=Path(os.environ.get("SPECTUNE_CACHE", "~/.cache/spectune")).expanduser() / "distill",
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("SPECTUNE_CACHE", "~/.cache/spectune")).expanduser()
+        / "distill",
     )
     parser.add_argument("--steps", type=int, default=None, help="budget: optimizer steps")
     parser.add_argument("--tokens", type=int, default=None, help="budget: training positions")
@@ -107,9 +119,7 @@ def run(args: argparse.Namespace) -> int:
         reference=args.reference,
         task_mix=args.task_mix,
         seed=args.seed,
-        settings=GenerationSettings(
-            max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch
-        ),
+        settings=GenerationSettings(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch),
     )
     arch = DraftArchitecture(
         kind=args.kind,

@@ -270,9 +270,7 @@ def _run_batch(
     width = max(lengths)
     new_tokens = settings.max_new_tokens if any(e.generate for e in batch) else 0
     cache = target.new_cache(len(batch), capacity=width + new_tokens + 1)
-    rows: list[dict[str, list[Tensor]]] = [
-        {"hidden": [], "ids": [], "probs": []} for _ in batch
-    ]
+    rows: list[dict[str, list[Tensor]]] = [{"hidden": [], "ids": [], "probs": []} for _ in batch]
     next_tokens: list[int] = []
     # Prefill in groups of four rows: full-vocabulary logits over long prompts are large.
     padded = torch.tensor([e.ids + [pad_id] * (width - len(e.ids)) for e in batch])
@@ -312,7 +310,9 @@ def _run_batch(
                     active[b] = False
         if not any(active):
             break
-        feed = torch.tensor([[generated[b][-1] if generated[b] else pad_id] for b in range(len(batch))])
+        feed = torch.tensor(
+            [[generated[b][-1] if generated[b] else pad_id] for b in range(len(batch))]
+        )
         out = target.forward(feed, cache)
         assert out.hidden is not None
         ids, probs = _topk(out.logits[:, 0], settings.top_k)  # [batch, k]
@@ -394,9 +394,7 @@ class DistillCorpus:
             offsets = flat["offsets"].tolist()
             for i in range(len(offsets) - 1):
                 lo, hi = offsets[i], offsets[i + 1]
-                sequences.append(
-                    {k: v[lo:hi] for k, v in flat.items() if k != "offsets"}
-                )
+                sequences.append({k: v[lo:hi] for k, v in flat.items() if k != "offsets"})
         return cls(sequences)
 
 

@@ -24,6 +24,7 @@ from torch import Tensor
 from spectune.distill.data import DistillCorpus
 from spectune.distill.losses import feature_regression, kl_to_target, soft_labels, top1_agreement
 from spectune.distill.models import TrainableDraft, TrainBatch
+from spectune.errors import InvalidParameterError
 
 __all__ = ["Budget", "CurvePoint", "TrainSettings", "evaluate", "iterate_batches", "train"]
 
@@ -34,14 +35,23 @@ class Budget:
     max_tokens: int | None = None  # training positions seen
     max_minutes: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.max_steps is None and self.max_tokens is None and self.max_minutes is None:
+            raise InvalidParameterError("a training budget needs steps, tokens or minutes")
+        for value in (self.max_steps, self.max_tokens, self.max_minutes):
+            if value is not None and value < 0:
+                raise InvalidParameterError("budget limits cannot be negative")
+
     def fraction(self, step: int, tokens: int, seconds: float) -> float:
+        """How much of the budget is spent (>= 1: done). A zero limit is spent at once."""
         parts = [0.0]
-        if self.max_steps:
-            parts.append(step / self.max_steps)
-        if self.max_tokens:
-            parts.append(tokens / self.max_tokens)
-        if self.max_minutes:
-            parts.append(seconds / (60 * self.max_minutes))
+        for used, limit in (
+            (step, self.max_steps),
+            (tokens, self.max_tokens),
+            (seconds, None if self.max_minutes is None else 60 * self.max_minutes),
+        ):
+            if limit is not None:
+                parts.append(used / limit if limit > 0 else 1.0)
         return max(parts)
 
 
@@ -216,7 +226,7 @@ def train(
             group["lr"] = _lr(settings, state.step, fraction)
         loss, _, _, positions = _losses(draft, batch, column_of, settings)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         state.step += 1

@@ -85,6 +85,11 @@ class FeatureHead(nn.Module):
         self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
         self.register_buffer("output_weight", output_weight.detach(), persistent=False)
 
+    def _buffer(self, name: str) -> Tensor:
+        value = getattr(self, name)
+        assert isinstance(value, Tensor)
+        return value
+
     def trainable_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -102,7 +107,7 @@ class FeatureHead(nn.Module):
 
     def logits(self, features: Tensor) -> Tensor:
         """features: [..., hidden] -> [..., num_draft_tokens]."""
-        output: Tensor = features @ self.output_weight.T
+        output: Tensor = features @ self._buffer("output_weight").T
         return output
 
     def forward(
@@ -116,7 +121,8 @@ class FeatureHead(nn.Module):
         Without a cache: a causal pass over whole sequences (training). With a cache: the
         chunk is appended after the cache's current length (decoding).
         """
-        x = torch.cat((nn.functional.embedding(tokens, self.embed_weight), prev_features), -1)
+        embedded = nn.functional.embedding(tokens, self._buffer("embed_weight"))
+        x = torch.cat((embedded, prev_features), -1)
         x = self.fc(x.to(self.fc.weight.dtype))
         batch, chunk = tokens.shape
         if cache is None:

@@ -52,12 +52,19 @@ def make_continuations(
     target: LanguageModel,
     prompts: Sequence[tuple[str, str, list[int]]],  # (id, category, prompt tokens)
     max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> list[Continuation]:
-    """Greedy target continuations, then one pass over each to record states and logits."""
+    """Target continuations (greedy by default; sampled at ``temperature`` with ``seed``),
+    then one pass over each to record the target's states and logits."""
     engine = SpeculativeEngine(target, None)
     result: list[Continuation] = []
-    for prompt_id, category, tokens in prompts:
-        generation = engine.run(tokens, SamplingParams(max_tokens=max_new_tokens))
+    for index, (prompt_id, category, tokens) in enumerate(prompts):
+        params = SamplingParams(
+            temperature=temperature, max_tokens=max_new_tokens, seed=seed + index
+        )
+        generation = engine.run(tokens, params)
         full = tuple(tokens) + tuple(generation.tokens)
         if len(full) - len(tokens) < 1:
             continue

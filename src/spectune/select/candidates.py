@@ -43,9 +43,7 @@ def size_band(draft_parameters: int | None, target_parameters: int) -> SizeBand:
     if ratio < GOOD_RATIO[0]:
         return SizeBand(ratio, "small", None)
     if ratio > GOOD_RATIO[1]:
-        return SizeBand(
-            ratio, "large", "over 1/4 of the target: drafting cost tends to dominate"
-        )
+        return SizeBand(ratio, "large", "over 1/4 of the target: drafting cost tends to dominate")
     return SizeBand(ratio, "good", None)
 
 

@@ -82,21 +82,52 @@ def render_table(report: SelectionReport) -> Any:
     from rich.table import Table
 
     table = Table(title=f"Drafts for {report.target} (ranked)")
-    for column in ("#", "draft", "kind", "ratio", "α T=0", "α T=0.7", "α T=1", "c", "K*",
-                   "predicted", "measured", "note"):
+    for column in (
+        "#",
+        "draft",
+        "kind",
+        "ratio",
+        "α T=0",
+        "α T=0.7",
+        "α T=1",
+        "c",
+        "K*",
+        "predicted",
+        "measured",
+        "note",
+    ):
         table.add_column(column, justify="left" if column in ("draft", "kind", "note") else "right")
     for rank, c in enumerate(report.candidates, 1):
         if not c.compatible:
-            table.add_row("-", c.spec, c.kind, "", "", "", "", "", "", "", "",
-                          "[red]incompatible: " + "; ".join(c.problems))
+            table.add_row(
+                "-",
+                c.spec,
+                c.kind,
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "[red]incompatible: " + "; ".join(c.problems),
+            )
             continue
-        measured = c.measured_speedup.get(max(1, c.best_k))
+        measured = c.confirmed_speedup
         ratio = "-" if c.size.ratio is None else f"1/{1 / c.size.ratio:.0f}"
         table.add_row(
-            str(rank), c.spec, c.kind, ratio,
-            _fmt(c.alpha_at(0.0)), _fmt(c.alpha_at(0.7)), _fmt(c.alpha_at(1.0)),
-            _fmt(c.draft_cost, 3), str(c.best_k),
-            _fmt(c.predicted_speedup) + "x", _fmt(measured) + ("x" if measured else ""),
+            str(rank),
+            c.spec,
+            c.kind,
+            ratio,
+            _fmt(c.alpha_at(0.0)),
+            _fmt(c.alpha_at(0.7)),
+            _fmt(c.alpha_at(1.0)),
+            _fmt(c.draft_cost, 3),
+            str(c.best_k),
+            _fmt(c.predicted_speedup) + "x",
+            _fmt(measured) + ("x" if measured else ""),
             c.size.warning or "",
         )
     return table
@@ -138,8 +169,13 @@ def _plots(report: SelectionReport, folder: Path) -> list[str]:
         line = ax.plot(ks, [c.predicted_curve[k] for k in ks], label=f"{c.spec} predicted")
         measured = sorted(c.measured_speedup)
         if measured:
-            ax.plot(measured, [c.measured_speedup[k] for k in measured], "o",
-                    color=line[0].get_color(), label=f"{c.spec} measured")
+            ax.plot(
+                measured,
+                [c.measured_speedup[k] for k in measured],
+                "o",
+                color=line[0].get_color(),
+                label=f"{c.spec} measured",
+            )
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("K (draft tokens per step)")
     ax.set_ylabel("speedup over plain decoding")
@@ -176,7 +212,7 @@ def _markdown(report: SelectionReport, plots: list[str]) -> str:
             f"| {rank} | `{c.spec}` | {c.kind} | {ratio} | {_fmt(c.alpha_at(0.0))} | "
             f"{_fmt(c.alpha_at(0.7))} | {_fmt(c.alpha_at(1.0))} | {_fmt(c.draft_cost, 3)} | "
             f"{c.best_k} | {_fmt(c.predicted_speedup)}x | "
-            f"{_fmt(c.measured_speedup.get(max(1, c.best_k)))}x |"
+            f"{_fmt(c.confirmed_speedup)}x |"
         )
     warnings = [c for c in report.candidates if c.compatible and c.size.warning]
     if warnings:
@@ -187,12 +223,18 @@ def _markdown(report: SelectionReport, plots: list[str]) -> str:
     usable = [c for c in report.candidates if c.compatible and c.alpha]
     if usable:
         categories = sorted(usable[0].alpha[0].per_category)
-        lines += ["", "Greedy α per category:", "",
-                  "| draft | " + " | ".join(categories) + " |",
-                  "|---|" + "---|" * len(categories)]
+        lines += [
+            "",
+            "Greedy α per category:",
+            "",
+            "| draft | " + " | ".join(categories) + " |",
+            "|---|" + "---|" * len(categories),
+        ]
         for c in usable:
             per = c.alpha[0].per_category
-            lines.append(f"| `{c.spec}` | " + " | ".join(_fmt(per.get(k)) for k in categories) + " |")
+            lines.append(
+                f"| `{c.spec}` | " + " | ".join(_fmt(per.get(k)) for k in categories) + " |"
+            )
     lines += ["", *[f"![{name}]({name})" for name in plots]]
     return "\n".join(lines) + "\n"
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from spectune.costs import CostCurve, measure_forward_curve, optimal_k, predicted_speedup
+from spectune.costs import CostCurve, measure_forward_curve, predicted_speedup
 from spectune.pairing import Loaded
 from spectune.select.alpha import AlphaEstimate, Continuation, estimate_alpha, make_continuations
 from spectune.select.candidates import Candidate, SizeBand, resolve_candidate, size_band
@@ -62,12 +62,16 @@ class CandidateResult:
 
     @property
     def score(self) -> float:
-        """Ranking key: the measured speedup at the chosen K, else the predicted one."""
+        """Ranking key: the predicted speedup at the best K. The prediction rests on an exact
+        alpha and median costs; a confirmation run over a few prompts is noisier, so it
+        confirms (and can veto, see ``_recommend``) rather than ranks."""
         if not self.compatible:
             return -1.0
-        if self.best_k in self.measured_speedup:
-            return self.measured_speedup[self.best_k]
         return self.predicted_speedup or 0.0
+
+    @property
+    def confirmed_speedup(self) -> float | None:
+        return self.measured_speedup.get(self.best_k)
 
 
 @dataclass(frozen=True)
@@ -105,8 +109,9 @@ def _evaluate(
     band = size_band(candidate.num_parameters, target.model.info.num_parameters)
     drafter = candidate.drafter
     if drafter is None or candidate.problems:
-        return CandidateResult(candidate.spec, candidate.kind, candidate.problems,
-                               candidate.num_parameters, band)
+        return CandidateResult(
+            candidate.spec, candidate.kind, candidate.problems, candidate.num_parameters, band
+        )
     alpha = tuple(estimate_alpha(drafter, continuations, target.model, settings.temperatures))
     decision = next(
         (a.overall for a in alpha if a.temperature == settings.decision_temperature),
@@ -114,37 +119,62 @@ def _evaluate(
     )
     prompt = list(continuations[0].tokens[: continuations[0].prompt_length])
     cost = measure_draft_cost(drafter, target.model, prompt, curve.seconds[0])
-    best_k, best = optimal_k(decision, cost, curve, max_k=settings.max_k)
-    predicted = {k: predicted_speedup(decision, cost, curve, k) for k in range(1, settings.max_k + 1)}
+    # The best K >= 1 even when none beats plain decoding (optimal_k would then say 0):
+    # ranking needs a speedup for every candidate; "not worth it" is the recommendation's
+    # verdict to make.
+    ks_all = range(1, settings.max_k + 1)
+    predicted = {k: predicted_speedup(decision, cost, curve, k) for k in ks_all}
+    best_k = max(predicted, key=lambda k: predicted[k])
+    best = predicted[best_k]
     runs: dict[int, RunMeasurement] = {}
     measured: dict[int, float] = {}
     if settings.confirm and baseline is not None:
-        ks = sorted({max(1, best_k), *settings.extra_ks})
+        ks = sorted({best_k, *settings.extra_ks})
         for k in ks:
             run = measure_runs(target.model, drafter, confirm_prompts, k, settings.confirm_tokens)
             runs[k] = run
             if baseline.tokens_per_second > 0:
                 measured[k] = run.tokens_per_second / baseline.tokens_per_second
     return CandidateResult(
-        candidate.spec, candidate.kind, (), candidate.num_parameters, band, alpha, cost,
-        best_k, best, predicted, runs, measured,
+        candidate.spec,
+        candidate.kind,
+        (),
+        candidate.num_parameters,
+        band,
+        alpha,
+        cost,
+        best_k,
+        best,
+        predicted,
+        runs,
+        measured,
     )
 
 
 def _recommend(ranked: Sequence[CandidateResult]) -> Recommendation:
     usable = [c for c in ranked if c.compatible]
-    if not usable or usable[0].score <= 1.0:
+    # A candidate qualifies when it is predicted to beat plain decoding and the real run,
+    # if one was made, agrees.
+    qualified = [
+        c
+        for c in usable
+        if c.score > 1.0 and (c.confirmed_speedup is None or c.confirmed_speedup > 1.0)
+    ]
+    if not qualified:
         return Recommendation(
-            "none", 0, None, None,
+            "none",
+            0,
+            None,
+            None,
             ("no compatible candidate beats plain decoding on this machine",),
         )
-    best = usable[0]
-    k = max(1, best.best_k)
-    measured = best.measured_speedup.get(k)
+    best = qualified[0]
+    k = best.best_k
+    measured = best.confirmed_speedup
     alpha0 = best.alpha_at(0.0)
     reasons = [
-        f"highest {'measured' if measured is not None else 'predicted'} speedup "
-        f"({(measured if measured is not None else best.predicted_speedup) or 0:.2f}x at K={k})",
+        f"highest predicted speedup {best.score:.2f}x at K={k}"
+        + ("" if measured is None else f", confirmed by a real run at {measured:.2f}x"),
     ]
     if alpha0 is not None and best.draft_cost is not None:
         reasons.append(f"greedy acceptance {alpha0:.2f} at draft cost c={best.draft_cost:.3f}")
@@ -152,9 +182,10 @@ def _recommend(ranked: Sequence[CandidateResult]) -> Recommendation:
         reasons.append(f"size: {best.size.warning}")
     elif best.size.ratio is not None:
         reasons.append(f"size ratio 1/{1 / best.size.ratio:.0f} ({best.size.verdict})")
-    if len(usable) > 1:
-        runner = usable[1]
-        reasons.append(f"ahead of {runner.spec} ({runner.score:.2f}x)")
+    others = [c for c in usable if c is not best]
+    if others:
+        runner = others[0]
+        reasons.append(f"ahead of {runner.spec} (predicted {runner.score:.2f}x)")
     return Recommendation(best.spec, k, best.predicted_speedup, measured, tuple(reasons))
 
 
