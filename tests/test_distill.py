@@ -123,3 +123,22 @@ def test_corpus_marks_only_target_tokens_for_training(corpus: DistillCorpus) -> 
     assert sequence["hidden"].shape == (sequence["tokens"].shape[0], 32)
     probs = sequence["topk_probs"][mask].float()
     assert bool((probs[:, :-1] >= probs[:, 1:]).all())  # most likely first
+
+
+@pytest.mark.slow
+def test_shipped_draft_serves_the_default_target(smollm2) -> None:  # type: ignore[no-untyped-def]
+    """The shipped feature draft loads by name and keeps the target's greedy output."""
+    from spectune.drafters.feature import FeatureDrafter
+    from spectune.pairing import load_drafter
+    from spectune.shipped import shipped_draft_path
+
+    if shipped_draft_path("smollm2-draft") is None:
+        pytest.skip("no shipped draft in this checkout")
+    drafter = load_drafter("smollm2-draft", smollm2)
+    assert isinstance(drafter, FeatureDrafter)
+    prompt = smollm2.tokenizer.encode_chat([{"role": "user", "content": "What is 12 + 30?"}])
+    params = SamplingParams(max_tokens=24)
+    plain = SpeculativeEngine(smollm2.model, None).run(prompt, params)
+    spec = SpeculativeEngine(smollm2.model, drafter).run(prompt, params)
+    assert spec.tokens == plain.tokens
+    assert all(s.fallback is None for s in spec.steps)

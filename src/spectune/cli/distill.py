@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from spectune.distill.data import GenerationSettings
+from spectune.distill.data import DistillCorpus, GenerationSettings
 from spectune.distill.models import DraftArchitecture
 from spectune.distill.pipeline import CorpusPlan, build_corpora, distill
 from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState
@@ -82,6 +82,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
+    parser.add_argument(
+        "--follow-cache",
+        action="store_true",
+        help="re-read the cached corpus at every epoch (train while another job generates)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -144,7 +149,18 @@ def run(args: argparse.Namespace) -> int:
                 tasks[stage] = progress.add_task(stage, total=total, stats="")
             progress.update(tasks[stage], completed=done)
 
-        corpora = build_corpora(target, plan, on_corpus)
+        generated, reference, folders = build_corpora(target, plan, on_corpus)
+        refresh = None
+        if args.follow_cache:
+            generated_folder = folders[0] if plan.generate > 0 else None
+            reference_folder = folders[-1] if plan.reference > 0 else None
+
+            def refresh() -> tuple[DistillCorpus, DistillCorpus]:
+                return (
+                    DistillCorpus.load(generated_folder) if generated_folder else generated,
+                    DistillCorpus.load(reference_folder) if reference_folder else reference,
+                )
+
         train_task = progress.add_task("train", total=1000, stats="")
         heldout = {"top1": float("nan")}
 
@@ -168,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidParameterError("distillation needs a target on the native runtime")
         result = distill(
             target.model,
-            corpora,
+            (generated, reference),
             arch,
             args.out,
             vocab_size=args.vocab_size,
@@ -177,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
             heldout_sequences=args.heldout,
             training_record={"command": "spectune " + shlex.join(sys.argv[1:])},
             resume=args.resume,
+            refresh=refresh,
             on_step=on_step,
             on_eval=on_eval,
         )

@@ -63,8 +63,10 @@ ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
 
 def build_corpora(
     target: Loaded, plan: CorpusPlan, on_progress: ProgressFn | None = None
-) -> tuple[DistillCorpus, DistillCorpus]:
-    """(generated corpus, teacher-forced corpus), each built once and cached on disk."""
+) -> tuple[DistillCorpus, DistillCorpus, list[Path]]:
+    """(generated corpus, teacher-forced corpus, their cache folders), each corpus built
+    once and cached on disk."""
+    folders: list[Path] = []
     if not isinstance(target.model, LlamaLM):
         raise InvalidParameterError("distillation needs a target on the native runtime")
     generated = DistillCorpus([])
@@ -72,6 +74,7 @@ def build_corpora(
     if plan.generate > 0:
         items = read_prompt_files(list(plan.paths), task_mix=plan.task_mix, seed=plan.seed)
         folder = plan.cache_dir / corpus_key(target.path, items, plan.settings)
+        folders.append(folder)
         generated = build_corpus(
             target.model,
             target.tokenizer,
@@ -91,6 +94,7 @@ def build_corpora(
             shard_sequences=128,
         )
         folder = plan.cache_dir / corpus_key(target.path, chats, settings)
+        folders.append(folder)
         reference = build_corpus(
             target.model,
             target.tokenizer,
@@ -100,7 +104,7 @@ def build_corpora(
             limit=plan.reference,
             on_progress=lambda d, t, _: on_progress and on_progress("teacher-force", d, t),
         )
-    return generated, reference
+    return generated, reference, folders
 
 
 def column_map(vocab_subset: Tensor | None, vocab_size: int) -> Tensor:
@@ -124,18 +128,29 @@ def distill(
     heldout_sequences: int,
     training_record: dict[str, Any],
     resume: bool = False,
+    refresh: Callable[[], tuple[DistillCorpus, DistillCorpus]] | None = None,
     on_step: Callable[[TrainState, float, float], None] | None = None,
     on_eval: Callable[[CurvePoint], None] | None = None,
 ) -> DistillResult:
     generated, reference = corpora
     # Held out: the head of the self-generated corpus (what drafts will face at run time).
     source = generated if len(generated) else reference
-    train_part, heldout = source.split(heldout_sequences)
-    corpus = DistillCorpus(train_part.sequences + (reference.sequences if len(generated) else []))
-    if len(corpus) == 0 or len(heldout) == 0:
-        raise InvalidParameterError("the corpus is too small to hold out sequences for checks")
+    _, heldout = source.split(heldout_sequences)
+    held = len(heldout)
     rng = random.Random(settings.seed)
-    rng.shuffle(corpus.sequences)
+
+    def training_set(generated: DistillCorpus, reference: DistillCorpus) -> DistillCorpus:
+        if len(generated):
+            sequences = generated.sequences[held:] + reference.sequences
+        else:
+            sequences = reference.sequences[held:]
+        rng.shuffle(sequences)
+        return DistillCorpus(sequences)
+
+    corpus = training_set(generated, reference)
+    if len(corpus) == 0 or held == 0:
+        raise InvalidParameterError("the corpus is too small to hold out sequences for checks")
+    reload = None if refresh is None else (lambda: training_set(*refresh()))
 
     net = model.net
     full_vocab = net.cfg.vocab_size
@@ -166,6 +181,7 @@ def distill(
         checkpoint=checkpoint,
         on_step=on_step,
         on_eval=on_eval,
+        reload=reload,
     )
     record = {
         **training_record,

@@ -181,10 +181,13 @@ def train(
     checkpoint: Path | None = None,
     on_step: Callable[[TrainState, float, float], None] | None = None,
     on_eval: Callable[[CurvePoint], None] | None = None,
+    reload: Callable[[], DistillCorpus] | None = None,
 ) -> TrainState:
     """Train ``draft`` until the budget is spent; returns the final state with its curve.
 
     ``on_step(state, loss, tokens_per_second)`` reports progress after every step.
+    ``reload``, if given, is asked for the training corpus again at every epoch boundary
+    (to train while a generation job is still adding shards to the cache).
     """
     module = draft.module()
     module.train()
@@ -218,6 +221,8 @@ def train(
     while budget.fraction(state.step, state.tokens, state.seconds) < 1.0:
         batch = next(epoch, None)
         if batch is None:
+            if reload is not None and state.step > 0:
+                corpus = reload()
             epoch = iterate_batches(corpus, settings, rng)
             batch = next(epoch)
         step_start = time.perf_counter()
