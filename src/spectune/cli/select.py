@@ -9,7 +9,7 @@ from typing import Any
 from spectune.errors import InvalidParameterError
 from spectune.pairing import load_target
 from spectune.prompts import load_prompts
-from spectune.select.report import render_table, write_report
+from spectune.select.report import render_notes, render_table, write_report
 from spectune.select.selector import SelectSettings, select
 
 __all__ = ["register"]
@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
             target, args.target, args.candidates, prompts, settings, on_progress=on_progress
         )
     console.print(render_table(report))
+    for note in render_notes(report):
+        console.print(f"  note: {note}")
     rec = report.recommendation
     console.print(f"[bold]Recommendation:[/bold] {rec.draft} with K={rec.k}")
     for reason in rec.reasons:

@@ -83,9 +83,10 @@ def make_continuations(
 class AlphaEstimate:
     temperature: float
     overall: float
-    positions: int
+    positions: int  # positions with a proposal
     per_category: dict[str, float]
     per_category_positions: dict[str, int]
+    coverage: float = 1.0  # fraction of positions where the drafter proposed anything
 
 
 def _draft_rows(
@@ -131,7 +132,9 @@ def estimate_alpha(
         params = SamplingParams(temperature=temperature, max_tokens=1)
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
+        scored = 0
         for item in continuations:
+            scored += len(item.scored)
             draft_probs, proposed = _draft_rows(drafter, item, params, vocab)
             target_probs = process_logits(item.logits.float(), params)  # [n, vocab]
             overlap = torch.minimum(draft_probs, target_probs).sum(-1)[proposed]  # [m]
@@ -145,6 +148,7 @@ def estimate_alpha(
                 total,
                 {c: sums[c] / counts[c] if counts[c] else 0.0 for c in sorted(sums)},
                 dict(sorted(counts.items())),
+                total / scored if scored else 0.0,
             )
         )
     return estimates

@@ -12,7 +12,7 @@ from typing import Any
 
 from spectune.select.selector import CandidateResult, SelectionReport
 
-__all__ = ["render_table", "to_json", "write_report"]
+__all__ = ["render_notes", "render_table", "short_name", "to_json", "write_report"]
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -35,6 +35,7 @@ def _candidate_json(c: CandidateResult) -> dict[str, Any]:
                 "overall": a.overall,
                 "positions": a.positions,
                 "per_category": a.per_category,
+                "coverage": a.coverage,
             }
             for a in c.alpha
         ],
@@ -78,11 +79,20 @@ def to_json(report: SelectionReport) -> dict[str, Any]:
     }
 
 
+def short_name(spec: str) -> str:
+    """A path's last component (with its parent when that is ``draft``): tables stay narrow."""
+    parts = Path(spec).parts
+    if len(parts) <= 1:
+        return spec
+    return "/".join(parts[-2:]) if parts[-1] == "draft" else parts[-1]
+
+
 def render_table(report: SelectionReport) -> Any:
+    """The ranked table; size warnings and incompatibility reasons go in ``render_notes``."""
     from rich.table import Table
 
-    table = Table(title=f"Drafts for {report.target} (ranked)")
-    for column in (
+    table = Table(title=f"Drafts for {report.target} (ranked by predicted speedup)")
+    headers = (
         "#",
         "draft",
         "kind",
@@ -94,31 +104,21 @@ def render_table(report: SelectionReport) -> Any:
         "K*",
         "predicted",
         "measured",
-        "note",
-    ):
-        table.add_column(column, justify="left" if column in ("draft", "kind", "note") else "right")
+        "acc. run",
+    )
+    for column in headers:
+        table.add_column(column, justify="left" if column in ("draft", "kind") else "right")
     for rank, c in enumerate(report.candidates, 1):
+        name = short_name(c.spec)
         if not c.compatible:
-            table.add_row(
-                "-",
-                c.spec,
-                c.kind,
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "[red]incompatible: " + "; ".join(c.problems),
-            )
+            table.add_row("-", name, "[red]incompatible", *[""] * (len(headers) - 3))
             continue
         measured = c.confirmed_speedup
+        run = c.runs.get(c.best_k)
         ratio = "-" if c.size.ratio is None else f"1/{1 / c.size.ratio:.0f}"
         table.add_row(
             str(rank),
-            c.spec,
+            name,
             c.kind,
             ratio,
             _fmt(c.alpha_at(0.0)),
@@ -128,9 +128,24 @@ def render_table(report: SelectionReport) -> Any:
             str(c.best_k),
             _fmt(c.predicted_speedup) + "x",
             _fmt(measured) + ("x" if measured else ""),
-            c.size.warning or "",
+            "-" if run is None else _fmt(run.acceptance_rate),
         )
     return table
+
+
+def render_notes(report: SelectionReport) -> list[str]:
+    notes = []
+    for c in report.candidates:
+        if not c.compatible:
+            notes.append(f"{short_name(c.spec)}: incompatible: {'; '.join(c.problems)}")
+        elif c.size.warning:
+            notes.append(f"{short_name(c.spec)}: {c.size.warning}")
+        if c.alpha and c.alpha[0].coverage < 1.0:
+            notes.append(
+                f"{short_name(c.spec)}: proposes at {c.alpha[0].coverage:.0%} of positions; "
+                "alpha counts those, the prediction counts the rest as plain steps"
+            )
+    return notes
 
 
 def _plots(report: SelectionReport, folder: Path) -> list[str]:
@@ -220,6 +235,9 @@ def _markdown(report: SelectionReport, plots: list[str]) -> str:
     bad = [c for c in report.candidates if not c.compatible]
     if bad:
         lines += ["", "Incompatible:", *[f"- `{c.spec}`: {'; '.join(c.problems)}" for c in bad]]
+    coverage = [n for n in render_notes(report) if "proposes at" in n]
+    if coverage:
+        lines += ["", "Coverage:", *[f"- {note}" for note in coverage]]
     usable = [c for c in report.candidates if c.compatible and c.alpha]
     if usable:
         categories = sorted(usable[0].alpha[0].per_category)

@@ -12,7 +12,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from spectune.costs import CostCurve, measure_forward_curve, predicted_speedup
+from spectune.costs import (
+    CostCurve,
+    expected_tokens_per_step,
+    measure_forward_curve,
+    predicted_speedup,
+)
 from spectune.pairing import Loaded
 from spectune.select.alpha import AlphaEstimate, Continuation, estimate_alpha, make_continuations
 from spectune.select.candidates import Candidate, SizeBand, resolve_candidate, size_band
@@ -113,17 +118,15 @@ def _evaluate(
             candidate.spec, candidate.kind, candidate.problems, candidate.num_parameters, band
         )
     alpha = tuple(estimate_alpha(drafter, continuations, target.model, settings.temperatures))
-    decision = next(
-        (a.overall for a in alpha if a.temperature == settings.decision_temperature),
-        alpha[0].overall,
-    )
+    chosen = next((a for a in alpha if a.temperature == settings.decision_temperature), alpha[0])
+    decision, coverage = chosen.overall, chosen.coverage
     prompt = list(continuations[0].tokens[: continuations[0].prompt_length])
     cost = measure_draft_cost(drafter, target.model, prompt, curve.seconds[0])
     # The best K >= 1 even when none beats plain decoding (optimal_k would then say 0):
     # ranking needs a speedup for every candidate; "not worth it" is the recommendation's
     # verdict to make.
     ks_all = range(1, settings.max_k + 1)
-    predicted = {k: predicted_speedup(decision, cost, curve, k) for k in ks_all}
+    predicted = {k: _speedup(decision, coverage, cost, curve, k) for k in ks_all}
     best_k = max(predicted, key=lambda k: predicted[k])
     best = predicted[best_k]
     runs: dict[int, RunMeasurement] = {}
@@ -149,6 +152,16 @@ def _evaluate(
         runs,
         measured,
     )
+
+
+def _speedup(alpha: float, coverage: float, cost: float, curve: CostCurve, k: int) -> float:
+    """S(K) for a drafter that proposes at a fraction ``coverage`` of steps; the other steps
+    are plain steps (one token for one target forward). coverage = 1 is the seed's S(K)."""
+    if coverage >= 1.0:
+        return predicted_speedup(alpha, cost, curve, k)
+    tokens = coverage * expected_tokens_per_step(alpha, k) + (1 - coverage)
+    seconds = coverage * (k * cost + curve.relative(k)) + (1 - coverage)
+    return tokens / seconds
 
 
 def _recommend(ranked: Sequence[CandidateResult]) -> Recommendation:
