@@ -20,8 +20,6 @@ from spectune.distill.data import (
     GenerationSettings,
     build_corpus,
     corpus_key,
-    read_prompt_files,
-    read_reference_chats,
 )
 from spectune.distill.export import save_feature_draft, save_lm_draft
 from spectune.distill.models import (
@@ -30,6 +28,7 @@ from spectune.distill.models import (
     LMDraftModel,
     TrainableDraft,
 )
+from spectune.distill.sources import read_prompt_files, read_reference_chats
 from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState, train
 from spectune.drafters.reduced import top_token_subset
 from spectune.errors import InvalidParameterError
