@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
         extra_ks=tuple(args.extra_k),
         confirm=not args.no_confirm,
     )
-    console = Console()
+    # Piped output gets rich's 80 columns, too narrow for the table: widen it there.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
