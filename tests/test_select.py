@@ -57,7 +57,9 @@ def test_select_ranks_good_above_bad_and_flags_incompatible(
     assert set(good.alpha[0].per_category) == {"chat", "math"}
     assert good.runs and good.draft_cost is not None and good.draft_cost > 0
     data = to_json(report)
-    assert data["recommendation"]["draft"] in (str(tmp_path / "good"), "none")
+    # Timing decides between the good draft, prompt lookup (free to run) and no speculation;
+    # never the bad or the incompatible draft.
+    assert data["recommendation"]["draft"] in (str(tmp_path / "good"), "ngram", "none")
     assert {"draft", "k", "predicted_speedup", "measured_speedup"} <= set(data["recommendation"])
     assert len(data["candidates"]) == len(specs)
     paths = write_report(report, tmp_path / "report")
