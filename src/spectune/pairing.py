@@ -13,6 +13,11 @@ from pathlib import Path
 import torch
 
 from spectune.drafters.base import Drafter
+from spectune.drafters.loading import (
+    feature_drafter_from_folder,
+    lm_drafter_from_folder,
+    read_draft_meta,
+)
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import IncompatibleModelsError
@@ -25,6 +30,7 @@ __all__ = [
     "Loaded",
     "check_compatible",
     "compatibility_problems",
+    "draft_tokenizer",
     "load_drafter",
     "load_target",
 ]
@@ -53,6 +59,10 @@ def compatibility_problems(
 ) -> list[str]:
     """Every reason the draft cannot serve the target (empty: compatible)."""
     problems: list[str] = []
+    if target.family != draft.family:
+        problems.append(
+            f"architecture families differ (target {target.family}, draft {draft.family})"
+        )
     if abs(target.vocab_size - draft.vocab_size) > MAX_VOCAB_DIFFERENCE:
         problems.append(
             f"vocabulary sizes differ by {abs(target.vocab_size - draft.vocab_size)} "
@@ -71,6 +81,10 @@ def compatibility_problems(
                 f"EOS token ids differ (target {list(target.eos_token_ids)}, "
                 f"draft {list(draft.eos_token_ids)})"
             )
+    if draft_tokenizer is not None and draft_tokenizer.kind != target_tokenizer.kind:
+        problems.append(
+            f"tokenizer types differ (target {target_tokenizer.kind}, draft {draft_tokenizer.kind})"
+        )
     if draft_tokenizer is not None:
         t_strings = target_tokenizer.token_strings()
         d_strings = draft_tokenizer.token_strings()
@@ -97,7 +111,7 @@ def check_compatible(
         )
 
 
-def _draft_tokenizer(path: Path) -> Tokenizer | None:
+def draft_tokenizer(path: Path) -> Tokenizer | None:
     """The draft's own tokenizer if it ships one (GGUF files always do)."""
     if path.is_file() or any(
         (path / name).is_file() for name in ("tokenizer.json", "tokenizer.model")
@@ -120,6 +134,12 @@ def load_drafter(
     if spec == "ngram":
         return NgramDrafter()
     path = resolve_model_path(spec)
+    meta = read_draft_meta(path)
+    if meta is not None and meta.kind == "feature":
+        # A feature head shares the target's embedding and output rows, hence its tokenizer.
+        return feature_drafter_from_folder(path, target.model)
     model = load_model(path, dtype=dtype, runtime=runtime)
-    check_compatible(target.model.info, target.tokenizer, model.info, _draft_tokenizer(path))
+    check_compatible(target.model.info, target.tokenizer, model.info, draft_tokenizer(path))
+    if meta is not None:
+        return lm_drafter_from_folder(path, model)
     return ModelDrafter(model)

@@ -29,6 +29,13 @@ class Tokenizer:
         return None if value is None else int(value)
 
     @property
+    def kind(self) -> str:
+        """The tokenization algorithm (BPE, Unigram, WordPiece, ...), for pairing checks."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        model = getattr(backend, "model", None)
+        return type(model).__name__ if model is not None else type(self.hf).__name__
+
+    @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))
 

@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from spectune.cli import bench, experiment, export, generate, report, serve
+from spectune.cli import bench, distill, experiment, export, generate, report, select, serve
 from spectune.errors import SpectuneError
 
 __all__ = ["main"]
 
-COMMANDS = (generate, report, experiment, serve, export, bench)
+COMMANDS = (generate, report, bench, distill, select, experiment, serve, export)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from spectune.sampling import SamplingParams
 
-__all__ = ["Draft", "Drafter", "TargetFeatures"]
+__all__ = ["Draft", "Drafter", "SequenceScorer", "TargetFeatures"]
 
 
 @dataclass(frozen=True)
@@ -80,4 +80,21 @@ class Drafter(Protocol):
         ``features`` carries the target hidden states computed by that step, for drafters
         that read them; others ignore it.
         """
+        ...
+
+
+@runtime_checkable
+class SequenceScorer(Protocol):
+    """A drafter that can give, in one teacher-forced pass, the distribution it would draft
+    from after every prefix of a sequence (what ``spectune select`` needs to estimate the
+    acceptance rate without a decoding loop). Drafters without it are scored by proposing
+    one token per prefix."""
+
+    def score_sequence(
+        self,
+        tokens: Sequence[int],
+        target_hidden: Tensor | None,  # [len(tokens) - 1, hidden]: h[i] predicted token i + 1
+        params: SamplingParams,
+    ) -> Tensor:
+        """[len(tokens) - 1, vocab]: row i is the draft distribution for token i + 1."""
         ...

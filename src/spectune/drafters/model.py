@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from spectune.drafters.base import Draft, TargetFeatures
+from spectune.drafters.reduced import scatter_to_vocab
 from spectune.models.base import KVCache, LanguageModel
 from spectune.sampling import SamplingParams, process_logits, sample_from
 
@@ -39,8 +40,17 @@ class ModelDrafter:
     the next proposal, together with the target's bonus token.
     """
 
-    def __init__(self, model: LanguageModel, *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        model: LanguageModel,
+        *,
+        name: str | None = None,
+        vocab_subset: Tensor | None = None,  # [num_draft_tokens] int64
+    ) -> None:
+        """``vocab_subset``: the model's logits cover only these token ids (a reduced draft
+        vocabulary, see ``spectune.drafters.reduced``); drafts map back to full ids."""
         self.model = model
+        self.vocab_subset = vocab_subset
         self.name = name or f"model:{model.info.name}"
         self.cache: KVCache | None = None
         self.ingested: list[int] = []
@@ -81,10 +91,15 @@ class ModelDrafter:
         tokens: list[Tensor] = []
         probs: list[Tensor] = []
         for i in range(num_tokens):
-            row = process_logits(logits, params)  # [vocab]
-            token = choose_token(row, params, generator)
+            row = process_logits(logits, params)  # [vocab] or [num_draft_tokens]
+            choice = choose_token(row, params, generator)
+            token = choice if self.vocab_subset is None else self.vocab_subset[choice]
             tokens.append(token)
-            probs.append(row)
+            probs.append(
+                row
+                if self.vocab_subset is None
+                else scatter_to_vocab(row, self.vocab_subset, self.model.info.vocab_size)
+            )
             if i + 1 < num_tokens:
                 out = self.model.forward(token.view(1, 1), self._cache())
                 self.ingested.append(int(token))
@@ -93,3 +108,15 @@ class ModelDrafter:
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Nothing to do eagerly: the next ``propose`` syncs the cache to ``context``."""
+
+    @torch.inference_mode()
+    def score_sequence(
+        self, tokens: Sequence[int], target_hidden: Tensor | None, params: SamplingParams
+    ) -> Tensor:
+        """One causal pass over ``tokens[:-1]``: [len(tokens) - 1, vocab] draft distributions."""
+        cache = self.model.new_cache(capacity=len(tokens))
+        logits = self.model.forward(torch.tensor([list(tokens[:-1])]), cache).logits[0]
+        probs = process_logits(logits, params)
+        if self.vocab_subset is None:
+            return probs
+        return scatter_to_vocab(probs, self.vocab_subset, self.model.info.vocab_size)

@@ -1,0 +1,216 @@
+"""``spectune distill``: train a draft for a target on the target's own outputs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spectune.distill.data import DistillCorpus, GenerationSettings
+from spectune.distill.models import DraftArchitecture
+from spectune.distill.pipeline import CorpusPlan, build_corpora, distill
+from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState
+from spectune.errors import InvalidParameterError
+from spectune.models.llama import LlamaLM
+from spectune.pairing import load_target
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "distill",
+        help="distil a draft model for a target (self-distillation, KL to the target)",
+        description="Generate (and cache) the target's continuations of a prompt corpus, "
+        "then train a small LM or an EAGLE-style feature head to match the target's "
+        "next-token distributions.",
+    )
+    parser.add_argument("--target", default="default", help="target model (default, .gguf, folder)")
+    parser.add_argument(
+        "--corpus",
+        action="append",
+        type=Path,
+        required=True,
+        help="JSONL prompts (messages / question / instruction / text) or a text file; repeatable",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--kind", choices=("lm", "feature"), default="feature")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers (lm)")
+    parser.add_argument("--hidden", type=int, default=256, help="width (lm)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (lm)")
+    parser.add_argument("--kv-heads", type=int, default=2, help="key/value heads (lm)")
+    parser.add_argument("--ffn", type=int, default=768, help="MLP width")
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="reduced draft vocabulary: the N most frequent corpus tokens (default: full)",
+    )
+    parser.add_argument("--generate", type=int, default=512, help="prompts the target continues")
+    parser.add_argument(
+        "--reference",
+        type=int,
+        default=0,
+        help="chats whose reference replies are teacher-forced (cheaper than generating)",
+    )
+    parser.add_argument(
+        "--task-mix",
+        action="store_true",
+        help="rewrap prompts as translation/summary/context-QA tasks",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--gen-batch", type=int, default=32)
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("SPECTUNE_CACHE", "~/.cache/spectune")).expanduser()
+        / "distill",
+    )
+    parser.add_argument("--steps", type=int, default=None, help="budget: optimizer steps")
+    parser.add_argument("--tokens", type=int, default=None, help="budget: training positions")
+    parser.add_argument("--minutes", type=float, default=None, help="budget: wall minutes")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-tokens", type=int, default=2048)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--heldout", type=int, default=48, help="held-out sequences")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
+    parser.add_argument(
+        "--follow-cache",
+        action="store_true",
+        help="re-read the cached corpus at every epoch (train while another job generates)",
+    )
+    parser.set_defaults(run=run)
+
+
+def _progress() -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        transient=False,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if not (args.steps or args.tokens or args.minutes):
+        raise InvalidParameterError("give a budget: --steps, --tokens and/or --minutes")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.target)
+    plan = CorpusPlan(
+        paths=tuple(args.corpus),
+        cache_dir=args.cache_dir,
+        generate=args.generate,
+        reference=args.reference,
+        task_mix=args.task_mix,
+        seed=args.seed,
+        settings=GenerationSettings(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch),
+    )
+    arch = DraftArchitecture(
+        kind=args.kind,
+        num_layers=args.layers,
+        hidden_size=args.hidden,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        intermediate_size=args.ffn,
+    )
+    settings = TrainSettings(
+        learning_rate=args.lr,
+        batch_tokens=args.batch_tokens,
+        eval_every=args.eval_every,
+        seed=args.seed,
+    )
+    budget = Budget(max_steps=args.steps, max_tokens=args.tokens, max_minutes=args.minutes)
+    with _progress() as progress:
+        tasks: dict[str, Any] = {}
+
+        def on_corpus(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(stage, total=total, stats="")
+            progress.update(tasks[stage], completed=done)
+
+        generated, reference, folders = build_corpora(target, plan, on_corpus)
+        refresh = None
+        if args.follow_cache:
+            generated_folder = folders[0] if plan.generate > 0 else None
+            reference_folder = folders[-1] if plan.reference > 0 else None
+
+            def refresh() -> tuple[DistillCorpus, DistillCorpus]:
+                return (
+                    DistillCorpus.load(generated_folder) if generated_folder else generated,
+                    DistillCorpus.load(reference_folder) if reference_folder else reference,
+                )
+
+        train_task = progress.add_task("train", total=1000, stats="")
+        heldout = {"top1": float("nan")}
+
+        def on_step(state: TrainState, loss: float, tokens_per_second: float) -> None:
+            fraction = budget.fraction(state.step, state.tokens, state.seconds)
+            progress.update(
+                train_task,
+                completed=int(1000 * min(1.0, fraction)),
+                stats=f"step {state.step}  {tokens_per_second:,.0f} tok/s  loss {loss:.3f}  "
+                f"held-out acc {heldout['top1']:.3f}",
+            )
+
+        def on_eval(point: CurvePoint) -> None:
+            heldout["top1"] = point.heldout_top1
+            progress.console.print(
+                f"step {point.step:>6}  positions {point.tokens:>9,}  held-out KL "
+                f"{point.heldout_kl:.3f}  acceptance (teacher-forced) {point.heldout_top1:.3f}"
+            )
+
+        if not isinstance(target.model, LlamaLM):
+            raise InvalidParameterError("distillation needs a target on the native runtime")
+        result = distill(
+            target.model,
+            (generated, reference),
+            arch,
+            args.out,
+            vocab_size=args.vocab_size,
+            settings=settings,
+            budget=budget,
+            heldout_sequences=args.heldout,
+            training_record={"command": "spectune " + shlex.join(sys.argv[1:])},
+            resume=args.resume,
+            refresh=refresh,
+            on_step=on_step,
+            on_eval=on_eval,
+        )
+    ratio = result.trainable_parameters / target.model.info.num_parameters
+    print(
+        json.dumps(
+            {
+                "draft": str(result.folder),
+                "kind": args.kind,
+                "trainable_parameters": result.trainable_parameters,
+                "parameter_ratio": round(ratio, 4),
+                "vocab_subset_size": result.vocab_subset_size,
+                "steps": result.state.step,
+                "positions": result.state.tokens,
+                "heldout_acceptance": result.state.curve[-1].heldout_top1,
+            },
+            indent=2,
+        )
+    )
+    return 0

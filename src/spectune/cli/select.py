@@ -1,0 +1,99 @@
+"""``spectune select``: rank candidate drafts for a target and recommend one (with K)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from spectune.errors import InvalidParameterError
+from spectune.pairing import load_target
+from spectune.prompts import load_prompts
+from spectune.select.report import render_notes, render_table, write_report
+from spectune.select.selector import SelectSettings, select
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "select",
+        help="rank candidate drafts for a target: compatibility, size, acceptance, cost, speedup",
+    )
+    parser.add_argument("--target", default="default")
+    parser.add_argument(
+        "candidates",
+        nargs="+",
+        help="draft candidates: .gguf files, HF folders, distilled draft folders, shipped "
+        "draft names, 'ngram'",
+    )
+    parser.add_argument("--prompts", default=None, help="prompt JSONL (default: the built-in set)")
+    parser.add_argument("--split", default="test", help="prompt split (dev, test, or 'all')")
+    parser.add_argument("--per-category", type=int, default=4, help="prompts per category")
+    parser.add_argument("--continuation-tokens", type=int, default=48)
+    parser.add_argument("--confirm-prompts", type=int, default=6)
+    parser.add_argument("--confirm-tokens", type=int, default=48)
+    parser.add_argument("--max-k", type=int, default=8)
+    parser.add_argument(
+        "--extra-k",
+        type=int,
+        action="append",
+        default=[],
+        help="also measure this K for the predicted-vs-measured plot",
+    )
+    parser.add_argument("--no-confirm", action="store_true", help="skip the real runs")
+    parser.add_argument("--report-dir", type=Path, default=Path("select-report"))
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if args.per_category < 1:
+        raise InvalidParameterError("--per-category must be at least 1")
+    target = load_target(args.target)
+    chosen = load_prompts(
+        args.prompts,
+        split=None if args.split == "all" else args.split,
+        limit_per_category=args.per_category,
+    )
+    prompts = [(p.id, p.category, p.tokens(target.tokenizer)) for p in chosen]
+    settings = SelectSettings(
+        continuation_tokens=args.continuation_tokens,
+        confirm_prompts=args.confirm_prompts,
+        confirm_tokens=args.confirm_tokens,
+        max_k=args.max_k,
+        extra_ks=tuple(args.extra_k),
+        confirm=not args.no_confirm,
+    )
+    # Piped output gets rich's 80 columns, too narrow for the table: widen it there.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        tasks: dict[str, Any] = {}
+
+        def on_progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(stage, total=total)
+            progress.update(tasks[stage], completed=done)
+
+        report = select(
+            target, args.target, args.candidates, prompts, settings, on_progress=on_progress
+        )
+    console.print(render_table(report))
+    for note in render_notes(report):
+        console.print(f"  note: {note}")
+    rec = report.recommendation
+    console.print(f"[bold]Recommendation:[/bold] {rec.draft} with K={rec.k}")
+    for reason in rec.reasons:
+        console.print(f"  - {reason}")
+    paths = write_report(report, args.report_dir)
+    console.print(f"report: {paths['markdown']}  json: {paths['json']}  ({report.seconds:.0f} s)")
+    return 0

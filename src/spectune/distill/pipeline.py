@@ -1,0 +1,217 @@
+"""``spectune distill`` end to end: corpus -> vocabulary -> draft -> training -> folder.
+
+Kept apart from the CLI so tests and scripts drive the same steps with plain arguments.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from spectune.distill.data import (
+    DistillCorpus,
+    GenerationSettings,
+    build_corpus,
+    corpus_key,
+)
+from spectune.distill.export import save_feature_draft, save_lm_draft
+from spectune.distill.models import (
+    DraftArchitecture,
+    FeatureDraftModel,
+    LMDraftModel,
+    TrainableDraft,
+)
+from spectune.distill.sources import read_prompt_files, read_reference_chats
+from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState, train
+from spectune.drafters.reduced import top_token_subset
+from spectune.errors import InvalidParameterError
+from spectune.models.llama import LlamaLM
+from spectune.pairing import Loaded
+
+__all__ = ["CorpusPlan", "DistillResult", "build_corpora", "distill", "plot_curve"]
+
+
+@dataclass(frozen=True)
+class CorpusPlan:
+    paths: tuple[Path, ...]
+    cache_dir: Path
+    generate: int = 512  # prompts the target continues (self-distillation)
+    reference: int = 0  # chats with a reference reply, teacher-forced
+    task_mix: bool = False
+    seed: int = 0
+    settings: GenerationSettings = GenerationSettings()
+
+
+@dataclass(frozen=True)
+class DistillResult:
+    folder: Path
+    state: TrainState
+    trainable_parameters: int
+    vocab_subset_size: int | None
+
+
+ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+def build_corpora(
+    target: Loaded, plan: CorpusPlan, on_progress: ProgressFn | None = None
+) -> tuple[DistillCorpus, DistillCorpus, list[Path]]:
+    """(generated corpus, teacher-forced corpus, their cache folders), each corpus built
+    once and cached on disk."""
+    folders: list[Path] = []
+    if not isinstance(target.model, LlamaLM):
+        raise InvalidParameterError("distillation needs a target on the native runtime")
+    generated = DistillCorpus([])
+    reference = DistillCorpus([])
+    if plan.generate > 0:
+        items = read_prompt_files(list(plan.paths), task_mix=plan.task_mix, seed=plan.seed)
+        folder = plan.cache_dir / corpus_key(target.path, items, plan.settings)
+        folders.append(folder)
+        generated = build_corpus(
+            target.model,
+            target.tokenizer,
+            items,
+            folder,
+            plan.settings,
+            limit=plan.generate,
+            on_progress=lambda d, t, _: on_progress and on_progress("generate", d, t),
+        )
+    if plan.reference > 0:
+        chats = read_reference_chats(list(plan.paths), seed=plan.seed)
+        settings = GenerationSettings(
+            max_new_tokens=0,
+            max_prompt_tokens=plan.settings.max_prompt_tokens,
+            batch_size=16,
+            top_k=plan.settings.top_k,
+            shard_sequences=128,
+        )
+        folder = plan.cache_dir / corpus_key(target.path, chats, settings)
+        folders.append(folder)
+        reference = build_corpus(
+            target.model,
+            target.tokenizer,
+            chats,
+            folder,
+            settings,
+            limit=plan.reference,
+            on_progress=lambda d, t, _: on_progress and on_progress("teacher-force", d, t),
+        )
+    return generated, reference, folders
+
+
+def column_map(vocab_subset: Tensor | None, vocab_size: int) -> Tensor:
+    """[vocab] draft output column of every token id, -1 where the draft cannot propose it."""
+    if vocab_subset is None:
+        return torch.arange(vocab_size)
+    columns = torch.full((vocab_size,), -1, dtype=torch.long)
+    columns[vocab_subset] = torch.arange(vocab_subset.shape[0])
+    return columns
+
+
+def distill(
+    model: LlamaLM,
+    corpora: tuple[DistillCorpus, DistillCorpus],
+    arch: DraftArchitecture,
+    out: Path,
+    *,
+    vocab_size: int | None,
+    settings: TrainSettings,
+    budget: Budget,
+    heldout_sequences: int,
+    training_record: dict[str, Any],
+    resume: bool = False,
+    refresh: Callable[[], tuple[DistillCorpus, DistillCorpus]] | None = None,
+    on_step: Callable[[TrainState, float, float], None] | None = None,
+    on_eval: Callable[[CurvePoint], None] | None = None,
+) -> DistillResult:
+    generated, reference = corpora
+    # Held out: the head of the self-generated corpus (what drafts will face at run time).
+    source = generated if len(generated) else reference
+    _, heldout = source.split(heldout_sequences)
+    held = len(heldout)
+    rng = random.Random(settings.seed)
+
+    def training_set(generated: DistillCorpus, reference: DistillCorpus) -> DistillCorpus:
+        if len(generated):
+            sequences = generated.sequences[held:] + reference.sequences
+        else:
+            sequences = reference.sequences[held:]
+        rng.shuffle(sequences)
+        return DistillCorpus(sequences)
+
+    corpus = training_set(generated, reference)
+    if len(corpus) == 0 or held == 0:
+        raise InvalidParameterError("the corpus is too small to hold out sequences for checks")
+    reload = None if refresh is None else (lambda: training_set(*refresh()))
+
+    net = model.net
+    full_vocab = net.cfg.vocab_size
+    subset: Tensor | None = None
+    if vocab_size is not None and vocab_size < full_vocab:
+        always = sorted(set(net.cfg.eos_token_ids))
+        subset = top_token_subset(corpus.token_counts(full_vocab), vocab_size, always)
+    generator = torch.Generator().manual_seed(settings.seed)
+    draft: TrainableDraft
+    if arch.kind == "feature":
+        draft = FeatureDraftModel.create(arch, net, subset, generator)
+    elif arch.kind == "lm":
+        draft = LMDraftModel.create(arch, net.cfg, subset, generator)
+    else:
+        raise InvalidParameterError(f"unknown draft kind {arch.kind!r} (lm or feature)")
+    trainable = sum(p.numel() for p in draft.module().parameters() if p.requires_grad)
+    checkpoint = out / "checkpoint"
+    if not resume:
+        shutil.rmtree(checkpoint, ignore_errors=True)  # a fresh run never continues an old one
+
+    state = train(
+        draft,
+        corpus,
+        heldout,
+        column_map(subset, full_vocab),
+        settings,
+        budget,
+        checkpoint=checkpoint,
+        on_step=on_step,
+        on_eval=on_eval,
+        reload=reload,
+    )
+    record = {
+        **training_record,
+        "architecture": asdict(arch),
+        "settings": asdict(settings),
+        "budget": asdict(budget),
+        "corpus_positions": corpus.num_training_positions,
+        "heldout_sequences": len(heldout),
+        "curve": [asdict(p) for p in state.curve],
+    }
+    folder = out / "draft"
+    if isinstance(draft, FeatureDraftModel):
+        save_feature_draft(folder, draft, net, model.info.name, record)
+    elif isinstance(draft, LMDraftModel):
+        save_lm_draft(folder, draft, net, model.info.name, record)
+    plot_curve(state.curve, out / "learning_curve.png")
+    return DistillResult(folder, state, trainable, None if subset is None else len(subset))
+
+
+def plot_curve(curve: list[CurvePoint], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([p.tokens for p in curve], [p.heldout_top1 for p in curve], marker="o")
+    ax.set_xlabel("training positions seen")
+    ax.set_ylabel("held-out greedy acceptance\n(first draft token, teacher-forced)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

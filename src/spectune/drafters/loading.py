@@ -1,0 +1,157 @@
+"""Draft folders written by ``spectune distill`` and how they become drafters.
+
+A distilled draft folder holds ``spectune_draft.json`` next to its weights:
+
+- ``{"kind": "lm", ...}``: an HF-layout Llama folder (``config.json`` +
+  ``model.safetensors``, loadable by transformers as is) plus ``vocab_subset.safetensors``
+  when the draft was trained on a reduced vocabulary. spectune then keeps only those
+  output rows, so the draft's LM head costs N / vocab of the full one.
+- ``{"kind": "feature", ...}``: an EAGLE-style head (``spectune.models.feature_head``);
+  it borrows the target's embedding and output rows, so it can only be built against the
+  target it was trained for (checked by shape and a weight fingerprint).
+
+Folders without ``spectune_draft.json`` are plain draft models.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.model import ModelDrafter
+from spectune.errors import IncompatibleModelsError, ModelLoadError
+from spectune.models.base import LanguageModel
+from spectune.models.feature_head import FeatureHead, FeatureHeadConfig
+from spectune.models.llama import LlamaLM, LlamaTransformer
+
+__all__ = [
+    "DRAFT_META_FILE",
+    "DraftMeta",
+    "feature_drafter_from_folder",
+    "read_draft_meta",
+    "restrict_output",
+    "target_fingerprint",
+]
+
+DRAFT_META_FILE = "spectune_draft.json"
+
+
+@dataclass(frozen=True)
+class DraftMeta:
+    kind: str  # "lm" | "feature"
+    data: dict[str, Any]  # the whole file: training command, target description, ...
+
+
+def read_draft_meta(path: Path) -> DraftMeta | None:
+    file = path / DRAFT_META_FILE
+    if path.is_file() or not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {file}: {exc}") from exc
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in ("lm", "feature"):
+        raise ModelLoadError(f"{file}: 'kind' must be 'lm' or 'feature', got {kind!r}")
+    return DraftMeta(str(kind), data)
+
+
+def target_fingerprint(target: LlamaTransformer) -> float:
+    """Mean norm of the first 256 embedding rows: tells checkpoints of different models
+    apart while tolerating quantisation (a GGUF and its f16 original agree to ~1%)."""
+    rows = target.embed_tokens.weight.detach()[:256].float()
+    return float(rows.norm(dim=-1).mean())
+
+
+def _subset(path: Path) -> Tensor | None:
+    file = path / "vocab_subset.safetensors"
+    if not file.is_file():
+        return None
+    from safetensors.torch import load_file
+
+    return load_file(str(file))["vocab_subset"].long()
+
+
+def restrict_output(model: LlamaLM, vocab_subset: Tensor) -> None:
+    """Keep only the subset's rows of the output layer (in place: logits become
+    [..., num_draft_tokens]; ``model.info`` keeps describing the full vocabulary)."""
+    net = model.net
+    weight = net.lm_head.weight.detach()[vocab_subset].clone()  # [num_draft_tokens, hidden]
+    head = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    head.weight = nn.Parameter(weight, requires_grad=False)
+    net.lm_head = head
+
+
+def lm_drafter_from_folder(path: Path, model: LanguageModel) -> ModelDrafter:
+    subset = _subset(path)
+    if subset is not None:
+        if not isinstance(model, LlamaLM):
+            raise ModelLoadError(f"{path}: a reduced-vocabulary draft needs the native runtime")
+        restrict_output(model, subset)
+    return ModelDrafter(model, name=f"model:{path.name}", vocab_subset=subset)
+
+
+def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDrafter:
+    from safetensors.torch import load_file
+
+    meta = read_draft_meta(path)
+    if meta is None or meta.kind != "feature":
+        raise ModelLoadError(f"{path} is not a feature-head draft folder")
+    if not isinstance(target, LlamaLM):
+        raise IncompatibleModelsError(
+            "a feature-head draft reads the target's weights: the target must run natively"
+        )
+    cfg = FeatureHeadConfig.from_dict(meta.data["head"])
+    net = target.net
+    described = meta.data.get("target", {})
+    problems = []
+    if cfg.hidden_size != net.cfg.hidden_size or cfg.target_vocab_size != net.cfg.vocab_size:
+        problems.append(
+            f"trained for hidden size {cfg.hidden_size} / vocabulary {cfg.target_vocab_size}, "
+            f"the target has {net.cfg.hidden_size} / {net.cfg.vocab_size}"
+        )
+    expected = described.get("fingerprint")
+    if isinstance(expected, float) and abs(target_fingerprint(net) - expected) > 0.05 * expected:
+        problems.append(f"trained for a different target ({described.get('name', '?')})")
+    if problems:
+        raise IncompatibleModelsError(f"feature draft {path.name}: " + "; ".join(problems))
+    try:
+        state = load_file(str(path / "model.safetensors"))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path / 'model.safetensors'}: {exc}") from exc
+    subset = state.pop("vocab_subset", None)
+    subset = None if subset is None else subset.long()
+    output = net.lm_head.weight.detach()
+    head = FeatureHead(
+        cfg,
+        net.embed_tokens.weight.detach(),
+        output if subset is None else output[subset].clone(),
+    )
+    missing, unexpected = head.load_state_dict({k: v.float() for k, v in state.items()}, False)
+    if missing or unexpected:
+        raise ModelLoadError(f"{path}: weights do not match the head ({missing or unexpected})")
+    head = head.to(target.dtype)
+    return FeatureDrafter(head, subset, name=f"feature:{path.name}")
+
+
+def describe_target(target: LlamaTransformer, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "hidden_size": target.cfg.hidden_size,
+        "vocab_size": target.cfg.vocab_size,
+        "num_layers": target.cfg.num_layers,
+        "num_parameters": sum(p.numel() for p in target.parameters()),
+        "fingerprint": target_fingerprint(target),
+    }
+
+
+def subset_tensor_file(path: Path, vocab_subset: Tensor) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"vocab_subset": vocab_subset.to(torch.int64).contiguous()}, str(path))

@@ -1,0 +1,90 @@
+"""Measured costs of a drafter and real speculative runs that confirm a prediction.
+
+Draft cost c is measured through the drafter's own ``propose`` (what the engine pays per
+draft token, cache syncing included) relative to one target forward over one token;
+the verification curve v(K) comes from ``spectune.costs``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spectune.control.base import FixedK
+from spectune.drafters.base import Drafter, TargetFeatures
+from spectune.engine import SpeculativeEngine
+from spectune.models.base import LanguageModel
+from spectune.sampling import SamplingParams
+
+__all__ = ["RunMeasurement", "measure_draft_cost", "measure_runs"]
+
+
+@torch.inference_mode()
+def measure_draft_cost(
+    drafter: Drafter,
+    target: LanguageModel,
+    prompt: Sequence[int],
+    target_step_seconds: float,
+    *,
+    k: int = 4,
+    repeats: int = 5,
+) -> float:
+    """c: median seconds per drafted token over ``target_step_seconds``."""
+    prompt = list(prompt)
+    cache = target.new_cache(capacity=len(prompt) + 1)
+    out = target.forward(torch.tensor([prompt[:-1]]), cache)
+    features = None if out.hidden is None else TargetFeatures(0, out.hidden[0])
+    params = SamplingParams(max_tokens=k + 1)
+    samples = []
+    for _ in range(repeats + 1):  # the first call warms up
+        drafter.reset()
+        drafter.commit(prompt, features)
+        drafter.propose(prompt, k, params, None)  # the sync over the prompt is not per-token
+        start = time.perf_counter()
+        draft = drafter.propose(prompt, k, params, None)
+        elapsed = time.perf_counter() - start
+        samples.append(elapsed / max(1, len(draft)))
+    return statistics.median(samples[1:]) / target_step_seconds
+
+
+@dataclass(frozen=True)
+class RunMeasurement:
+    k: int
+    tokens: int
+    seconds: float  # decode time (prefill excluded)
+    drafted: int
+    accepted: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def measure_runs(
+    target: LanguageModel,
+    drafter: Drafter | None,
+    prompts: Sequence[list[int]],
+    k: int,
+    max_tokens: int,
+) -> RunMeasurement:
+    """Greedy speculative decoding (or plain, with ``drafter=None`` / ``k=0``) over prompts."""
+    engine = SpeculativeEngine(target, drafter)
+    tokens = drafted = accepted = 0
+    seconds = 0.0
+    for prompt in prompts:
+        generation = engine.run(
+            prompt, SamplingParams(max_tokens=max_tokens), policy=FixedK(k if drafter else 0)
+        )
+        tokens += len(generation.tokens)
+        seconds += generation.decode_time
+        drafted += generation.drafted
+        accepted += generation.accepted
+    return RunMeasurement(k, tokens, seconds, drafted, accepted)
