@@ -27,6 +27,7 @@ $(STAMP): $(PY) pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/spectune generate --chat "Explain in three sentences why the sky is blue." \
+		--draft smollm2-draft \
 		--max-tokens 96 --compare
 
 lint: $(STAMP)

@@ -226,6 +226,7 @@ def load_workbench(
         config.runs("hf-assisted") or config.runs("hf-heuristic")
     )
     drafts: list[DraftSource] = []
+    notes: list[str] = []
     for spec in config.drafters:
         if spec == "ngram":
             drafts.append(DraftSource("ngram", NgramDrafter()))
@@ -244,10 +245,17 @@ def load_workbench(
             if drafter is None:
                 continue
             path = resolve_model_path(spec)
-            assistant = _hf_model(path, dtype) if wants_assistant else None
             label = path.stem if path.is_file() else path.name
+            # Only a plain LM draft is something transformers can run as an assistant; a
+            # feature head reads spectune's target states.
+            hf_loadable = isinstance(drafter, ModelDrafter)
+            assistant = _hf_model(path, dtype) if wants_assistant and hf_loadable else None
+            if wants_assistant and not hf_loadable:
+                notes.append(
+                    f"{label}: transformers cannot run a '{drafter.name}' draft as an "
+                    "assistant model; no HF assisted systems for it"
+                )
             drafts.append(DraftSource(label, drafter, assistant))
-    notes: list[str] = []
     curves = measure_curves(loaded.model, hf_target, repeats=curve_repeats)
     systems = build_systems(config, loaded.model, hf_target, drafts, notes, curves["spectune"])
     return Workbench(dtype_name, loaded.model, hf_target, systems, curves, notes), loaded
