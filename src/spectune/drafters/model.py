@@ -12,7 +12,7 @@ from spectune.drafters.reduced import scatter_to_vocab
 from spectune.models.base import KVCache, LanguageModel
 from spectune.sampling import SamplingParams, process_logits, sample_from
 
-__all__ = ["ModelDrafter", "choose_token"]
+__all__ = ["ModelDrafter", "SyncedModelCache", "choose_token"]
 
 
 def choose_token(
@@ -30,30 +30,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-class ModelDrafter:
-    """Drafts with a ``LanguageModel``.
+class SyncedModelCache:
+    """A draft model's KV cache kept in step with the committed context.
 
-    Its cache tracks ``self.ingested``, the tokens it has run forward. On each proposal it
-    keeps the longest prefix shared with the committed context (a rejection rolls the
-    cache back to it), ingests the rest in one chunk, then samples ``k`` tokens. The k-th
-    token is sampled but not ingested; if it is accepted it is ingested at the start of
-    the next proposal, together with the target's bonus token.
+    ``ingested`` lists the tokens the cache holds. ``sync`` keeps the longest prefix shared
+    with the context (a rejection rolls the cache back to it) and runs the rest forward in
+    one chunk. Shared by the chain and tree drafters.
     """
 
-    def __init__(
-        self,
-        model: LanguageModel,
-        *,
-        name: str | None = None,
-        vocab_subset: Tensor | None = None,  # [num_draft_tokens] int64
-    ) -> None:
-        """``vocab_subset``: the model's logits cover only these token ids (a reduced draft
-        vocabulary, see ``spectune.drafters.reduced``); drafts map back to full ids."""
-        self.model = model
-        self.vocab_subset = vocab_subset
-        self.name = name or f"model:{model.info.name}"
-        self.cache: KVCache | None = None
-        self.ingested: list[int] = []
+    model: LanguageModel
+    cache: KVCache | None
+    ingested: list[int]
 
     def reset(self) -> None:
         self.cache = None
@@ -75,6 +62,30 @@ class ModelDrafter:
         self.ingested = list(context)
         out = self.model.forward(torch.tensor([pending]), cache)
         return out.logits[0, -1]
+
+
+class ModelDrafter(SyncedModelCache):
+    """Drafts with a ``LanguageModel``.
+
+    On each proposal it syncs its cache to the committed context, then samples ``k``
+    tokens. The k-th token is sampled but not ingested; if it is accepted it is ingested
+    at the start of the next proposal, together with the target's bonus token.
+    """
+
+    def __init__(
+        self,
+        model: LanguageModel,
+        *,
+        name: str | None = None,
+        vocab_subset: Tensor | None = None,  # [num_draft_tokens] int64
+    ) -> None:
+        """``vocab_subset``: the model's logits cover only these token ids (a reduced draft
+        vocabulary, see ``spectune.drafters.reduced``); drafts map back to full ids."""
+        self.model = model
+        self.vocab_subset = vocab_subset
+        self.name = name or f"model:{model.info.name}"
+        self.cache = None
+        self.ingested = []
 
     def propose(
         self,

@@ -37,9 +37,9 @@ import torch
 from torch import Tensor
 
 from spectune.drafters.base import Draft, TargetFeatures
-from spectune.drafters.model import common_prefix
+from spectune.drafters.model import SyncedModelCache
 from spectune.errors import InvalidParameterError
-from spectune.models.base import KVCache, LanguageModel
+from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams, process_logits, sample_from
 from spectune.tree import MAX_TREE_NODES, tree_layout
 
@@ -99,37 +99,20 @@ class _Growth:
         return 1.0 if node < 0 else self.path_probs[node]
 
 
-class TreeDrafter:
+class TreeDrafter(SyncedModelCache):
     def __init__(
         self, model: LanguageModel, shape: TreeShape | None = None, *, name: str | None = None
     ) -> None:
         self.model = model
         self.shape = shape or TreeShape()
         self.name = name or f"tree:{model.info.name}:w{self.shape.width}n{self.shape.nodes}"
-        self.cache: KVCache | None = None
-        self.ingested: list[int] = []
+        self.cache = None
+        self.ingested = []
         self._last: _Tree | None = None
 
     def reset(self) -> None:
-        self.cache = None
-        self.ingested = []
+        super().reset()
         self._last = None
-
-    def _cache(self) -> KVCache:
-        if self.cache is None:
-            self.cache = self.model.new_cache()
-        return self.cache
-
-    def _sync(self, context: Sequence[int]) -> Tensor:
-        """Bring the cache to ``context`` (all of it); return the next-token logits. [vocab]"""
-        cache = self._cache()
-        keep = common_prefix(self.ingested, context)
-        if keep == len(context):
-            keep -= 1  # re-run the last token: its logits are needed again
-        cache.truncate(keep)
-        self.ingested = list(context)
-        out = self.model.forward(torch.tensor([list(context[keep:])]), cache)
-        return out.logits[0, -1]
 
     def propose(
         self,
