@@ -8,7 +8,8 @@ import os
 
 os.environ.setdefault("MKL_CBWR", "AVX2")
 
-from spectune.control import FixedK, KPolicy  # noqa: E402
+from spectune.batch import BatchEngine, SequenceUpdate  # noqa: E402
+from spectune.control import FixedK, KPolicy, make_policy  # noqa: E402
 from spectune.drafters import (  # noqa: E402
     Draft,
     Drafter,
@@ -17,6 +18,7 @@ from spectune.drafters import (  # noqa: E402
     NgramDrafter,
     ScriptedDrafter,
     TargetFeatures,
+    TreeDrafter,
 )
 from spectune.engine import Generation, SpeculativeEngine, StepRecord  # noqa: E402
 from spectune.errors import (  # noqa: E402
@@ -28,12 +30,15 @@ from spectune.errors import (  # noqa: E402
     SpectuneError,
 )
 from spectune.models import LanguageModel, ModelInfo, load_model  # noqa: E402
+from spectune.monitor import Monitor  # noqa: E402
+from spectune.pairing import load_drafter, load_target  # noqa: E402
 from spectune.sampling import SamplingParams  # noqa: E402
 from spectune.verify import VerifyResult, verify_greedy, verify_sampled  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchEngine",
     "Draft",
     "Drafter",
     "DrafterError",
@@ -47,16 +52,22 @@ __all__ = [
     "ModelDrafter",
     "ModelInfo",
     "ModelLoadError",
+    "Monitor",
     "NgramDrafter",
     "PromptError",
     "SamplingParams",
     "ScriptedDrafter",
+    "SequenceUpdate",
     "SpectuneError",
     "SpeculativeEngine",
     "StepRecord",
     "TargetFeatures",
+    "TreeDrafter",
     "VerifyResult",
+    "load_drafter",
     "load_model",
+    "load_target",
+    "make_policy",
     "verify_greedy",
     "verify_sampled",
 ]

@@ -46,6 +46,7 @@ class Loaded:
 
 
 def load_target(ref: str, *, dtype: torch.dtype = torch.float32, runtime: str = "auto") -> Loaded:
+    """Load a target model and its tokenizer (``default``, a .gguf file or an HF folder)."""
     path = resolve_model_path(ref)
     model = load_model(path, dtype=dtype, runtime=runtime)
     return Loaded(model, load_tokenizer(path), path)

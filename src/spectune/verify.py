@@ -56,6 +56,7 @@ def verify_greedy(
     draft_tokens: Tensor,  # [k] int64
     target_logits: Tensor,  # [k + 1, vocab]
 ) -> VerifyResult:
+    """Temperature 0: keep draft tokens while they equal the target's argmax."""
     target_argmax = target_logits.argmax(-1)  # [k + 1]
     k = draft_tokens.shape[0]
     matches = (draft_tokens == target_argmax[:k]).int()
@@ -70,6 +71,7 @@ def verify_sampled(
     target_probs: Tensor,  # [k + 1, vocab] fp32, already processed
     generator: torch.Generator | None,
 ) -> VerifyResult:
+    """Leviathan/Chen rejection sampling over a chain draft (see the module docstring)."""
     k = draft_tokens.shape[0]
     rows = torch.arange(k)
     target_at_draft = target_probs[rows, draft_tokens]  # [k]

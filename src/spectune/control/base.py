@@ -19,6 +19,8 @@ PolicyState: TypeAlias = dict[str, float | int | str | bool | None]
 
 @runtime_checkable
 class KPolicy(Protocol):
+    """Chooses K for the next step and learns from each step's record."""
+
     def next_k(self) -> int:
         """Draft tokens to propose in the next step (0 = decode without a draft)."""
         ...

@@ -4,6 +4,7 @@ from spectune.drafters.base import Draft, Drafter, TargetFeatures
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.scripted import FailingDrafter, ScriptedDrafter
+from spectune.drafters.tree import TreeDrafter, TreeShape
 
 __all__ = [
     "Draft",
@@ -13,4 +14,6 @@ __all__ = [
     "NgramDrafter",
     "ScriptedDrafter",
     "TargetFeatures",
+    "TreeDrafter",
+    "TreeShape",
 ]

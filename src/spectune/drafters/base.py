@@ -54,6 +54,8 @@ class TargetFeatures:
 
 @runtime_checkable
 class Drafter(Protocol):
+    """A source of draft tokens: ``propose`` guesses, ``commit`` hears what was kept."""
+
     name: str
 
     def reset(self) -> None:

@@ -18,6 +18,8 @@ __all__ = ["NgramDrafter"]
 
 
 class NgramDrafter:
+    """Prompt lookup: proposes what followed the latest earlier match of the context's tail."""
+
     def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidParameterError("n-gram sizes need 1 <= min_ngram <= max_ngram")

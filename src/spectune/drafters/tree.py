@@ -100,6 +100,8 @@ class _Growth:
 
 
 class TreeDrafter(SyncedModelCache):
+    """Drafts a token tree with a draft model (see the module docstring)."""
+
     def __init__(
         self, model: LanguageModel, shape: TreeShape | None = None, *, name: str | None = None
     ) -> None:
