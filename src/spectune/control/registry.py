@@ -2,7 +2,8 @@
 
 One policy instance serves one request (policies own their state); callers build a fresh
 one per request. Every policy except ``fixed`` is wrapped in the fallback checks named by
-the ``checks`` option (default ``["global", "local"]``, in that order; ``fixed`` defaults
+the ``checks`` option (default ``["global", "local"]``, in that order; ``cost`` defaults
+to ``["global"]``, since its own model already decides when speculation pays; ``fixed`` defaults
 to none, so the baselines stay fixed). The checks' options live in the ``local`` and
 ``global`` tables.
 """
@@ -62,7 +63,10 @@ def _fixed(options: Mapping[str, Any], ctx: _Context) -> KPolicy:
 _POLICIES: dict[str, tuple[Callable[[Mapping[str, Any], _Context], KPolicy], tuple[str, ...]]] = {
     # global first: when both hold K at 0, the permanent reason is the one recorded
     "threshold": (_threshold, ("global", "local")),
-    "cost": (_cost, ("global", "local")),
+    # The cost model already returns K = 0 whenever no K beats plain decoding, so the
+    # acceptance-based local pause would only override it: on a flat verification curve
+    # K = 1 pays at 20% acceptance (measured), which the 50% rule would switch off.
+    "cost": (_cost, ("global",)),
     "fixed": (_fixed, ()),
 }
 POLICIES = tuple(_POLICIES)
