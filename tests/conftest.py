@@ -32,3 +32,32 @@ def smollm2():  # type: ignore[no-untyped-def]
 @pytest.fixture()
 def generator() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(scope="session")
+def toy_feature_drafter(toy_target: LlamaLM, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A feature head distilled for a few seconds on the toy target, with a reduced
+    vocabulary of 48 tokens: it agrees with the target often, not always."""
+    from spectune.distill.data import DistillCorpus, GenerationSettings, corpus_from_token_ids
+    from spectune.distill.models import DraftArchitecture
+    from spectune.distill.pipeline import distill
+    from spectune.distill.train import Budget, TrainSettings
+    from spectune.drafters.loading import feature_drafter_from_folder
+
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 64, (6,), generator=generator).tolist() for _ in range(72)]
+    corpus = corpus_from_token_ids(
+        toy_target, prompts, GenerationSettings(max_new_tokens=24, batch_size=24, top_k=16)
+    )
+    result = distill(
+        toy_target,
+        (corpus, DistillCorpus([])),
+        DraftArchitecture(kind="feature", intermediate_size=64),
+        tmp_path_factory.mktemp("toy-feature-draft"),
+        vocab_size=48,
+        settings=TrainSettings(learning_rate=3e-3, warmup_steps=10, batch_tokens=512),
+        budget=Budget(max_steps=180),
+        heldout_sequences=8,
+        training_record={"command": "tests/conftest.py"},
+    )
+    return feature_drafter_from_folder(result.folder, toy_target)

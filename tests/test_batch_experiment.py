@@ -28,7 +28,7 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             ["tree", "--budgets", "4", "--temperatures", "0,0.7", "--max-tokens", "8"],
             "tree_vs_chain",
         ),
-        (["batch", "--sizes", "1,2", "--max-tokens", "6"], "points"),
+        (["batch", "--sizes", "1,2", "-k", "1,3", "--max-tokens", "6"], "points"),
         (["chunked", "--ks", "4", "--groups", "2", "--max-tokens", "8"], "rows"),
     ],
 )
@@ -49,8 +49,8 @@ def test_bad_experiment_arguments_exit_cleanly(capsys: pytest.CaptureFixture[str
     assert "comma-separated" in capsys.readouterr().err
 
 
-def point(batch: int, speculative: bool, seconds: float) -> BatchPoint:
-    return BatchPoint(batch, speculative, tokens=100, steps=10, seconds=seconds)
+def point(batch: int, speculative: bool, seconds: float, k: int = 4) -> BatchPoint:
+    return BatchPoint(batch, k if speculative else 0, tokens=100, steps=10, seconds=seconds)
 
 
 def test_crossover_is_the_last_size_where_speculation_still_wins() -> None:
@@ -62,6 +62,9 @@ def test_crossover_is_the_last_size_where_speculation_still_wins() -> None:
     ]  # fmt: skip
     assert crossover(points) == 2
     assert crossover([point(1, False, 1.0), point(1, True, 2.0)]) == 0
+    # Speculation counts at its best K: a slow K = 4 does not hide a fast K = 1.
+    mixed = [point(1, False, 2.0), point(1, True, 3.0), point(1, True, 1.5, k=1)]
+    assert crossover(mixed) == 1
 
 
 def test_batch_engine_reads_the_recorded_crossover(toy_target: LlamaLM) -> None:

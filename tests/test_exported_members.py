@@ -10,6 +10,8 @@ PUBLIC = {
     "Drafter",
     "DrafterError",
     "FailingDrafter",
+    "FeatureDrafter",
+    "FeatureTreeDrafter",
     "FixedK",
     "Generation",
     "IncompatibleModelsError",
@@ -35,6 +37,7 @@ PUBLIC = {
     "load_model",
     "load_target",
     "make_policy",
+    "tree_drafter_for",
     "verify_greedy",
     "verify_sampled",
 }

@@ -14,6 +14,8 @@ from spectune.drafters import (  # noqa: E402
     Draft,
     Drafter,
     FailingDrafter,
+    FeatureDrafter,
+    FeatureTreeDrafter,
     ModelDrafter,
     NgramDrafter,
     ScriptedDrafter,
@@ -31,7 +33,7 @@ from spectune.errors import (  # noqa: E402
 )
 from spectune.models import LanguageModel, ModelInfo, load_model  # noqa: E402
 from spectune.monitor import Monitor  # noqa: E402
-from spectune.pairing import load_drafter, load_target  # noqa: E402
+from spectune.pairing import load_drafter, load_target, tree_drafter_for  # noqa: E402
 from spectune.sampling import SamplingParams  # noqa: E402
 from spectune.verify import VerifyResult, verify_greedy, verify_sampled  # noqa: E402
 
@@ -43,6 +45,8 @@ __all__ = [
     "Drafter",
     "DrafterError",
     "FailingDrafter",
+    "FeatureDrafter",
+    "FeatureTreeDrafter",
     "FixedK",
     "Generation",
     "IncompatibleModelsError",
@@ -68,6 +72,7 @@ __all__ = [
     "load_model",
     "load_target",
     "make_policy",
+    "tree_drafter_for",
     "verify_greedy",
     "verify_sampled",
 ]

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 
 from spectune.drafters.base import Drafter
+from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.feature_tree import FeatureTreeDrafter
 from spectune.drafters.loading import (
     feature_drafter_from_folder,
     lm_drafter_from_folder,
@@ -20,8 +22,10 @@ from spectune.drafters.loading import (
 )
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
-from spectune.errors import IncompatibleModelsError
+from spectune.drafters.tree import TreeDrafter, TreeGrower, TreeShape
+from spectune.errors import IncompatibleModelsError, InvalidParameterError
 from spectune.models.base import LanguageModel, ModelInfo
+from spectune.models.llama import LlamaLM
 from spectune.models.loading import load_model, resolve_model_path
 from spectune.tokenizer import Tokenizer, load_tokenizer
 
@@ -33,6 +37,7 @@ __all__ = [
     "draft_tokenizer",
     "load_drafter",
     "load_target",
+    "tree_drafter_for",
 ]
 
 MAX_VOCAB_DIFFERENCE = 128
@@ -144,3 +149,24 @@ def load_drafter(
     if meta is not None:
         return lm_drafter_from_folder(path, model)
     return ModelDrafter(model)
+
+
+def tree_drafter_for(
+    drafter: Drafter | None, target: LanguageModel, shape: TreeShape
+) -> TreeGrower:
+    """The tree-drafting form of a chain drafter: a draft model's or a feature head's.
+
+    Trees need tree attention masks, which only the native runtime takes (target and a
+    draft model); a feature head is native by construction.
+    """
+    if not isinstance(target, LlamaLM):
+        raise InvalidParameterError("token trees need the native runtime for the target")
+    if isinstance(drafter, FeatureDrafter):
+        return FeatureTreeDrafter(drafter, shape)
+    if isinstance(drafter, ModelDrafter):
+        if not isinstance(drafter.model, LlamaLM) or drafter.vocab_subset is not None:
+            raise InvalidParameterError(
+                "token trees need a native, full-vocabulary draft model (--runtime native)"
+            )
+        return TreeDrafter(drafter.model, shape)
+    raise InvalidParameterError("token trees need a draft model or a feature-head draft")

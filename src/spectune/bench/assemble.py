@@ -27,13 +27,13 @@ from spectune.costs import CostCurve, measure_forward_curve
 from spectune.drafters.base import Drafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
-from spectune.drafters.tree import TreeDrafter, TreeShape
+from spectune.drafters.tree import TreeShape
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel, ModelInfo
 from spectune.models.llama import LlamaConfig, LlamaLM
 from spectune.models.loading import resolve_model_path, save_native
 from spectune.models.toy import toy_model
-from spectune.pairing import Loaded, load_drafter, load_target
+from spectune.pairing import Loaded, load_drafter, load_target, tree_drafter_for
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -181,16 +181,17 @@ def build_systems(
 
 
 def _tree_systems(config: BenchConfig, target: LanguageModel, draft: DraftSource) -> list[System]:
-    """Token-tree variants of a model draft (``--trees``); trees need the native runtime."""
-    if not config.trees or not isinstance(draft.drafter, ModelDrafter):
-        return []
-    model = draft.drafter.model
-    if not isinstance(target, LlamaLM) or not isinstance(model, LlamaLM):
+    """Token-tree variants of a draft model or feature head (``--trees``); trees need the
+    native runtime, so other pairings get no tree systems."""
+    if not config.trees:
         return []
     systems: list[System] = []
     for text in config.trees:
         width, nodes = parse_tree_shape(text)
-        drafter = TreeDrafter(model, TreeShape(width=width, nodes=nodes))
+        try:
+            drafter = tree_drafter_for(draft.drafter, target, TreeShape(width=width, nodes=nodes))
+        except InvalidParameterError:
+            return []
         label = f"{draft.label} tree{width}x{nodes}"
         for k in config.tree_ks:
             info = SystemInfo(

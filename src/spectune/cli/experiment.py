@@ -61,7 +61,9 @@ def register(subparsers: Any) -> None:
     tree.add_argument("--temperatures", type=_floats, default=(0.0, 0.7))
     batch = parser.add_argument_group("batch")
     batch.add_argument("--sizes", type=_ints, default=(1, 2, 4, 8, 16))
-    batch.add_argument("-k", "--k", type=int, default=4, help="draft tokens (batch)")
+    batch.add_argument(
+        "-k", "--k", type=_ints, default=(1, 4), help="draft tokens per step to try (batch)"
+    )
     batch.add_argument("--no-save", action="store_true", help="do not record the crossover")
     chunked = parser.add_argument_group("chunked")
     chunked.add_argument("--ks", type=_ints, default=(4, 8))
@@ -139,21 +141,23 @@ def _batch(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
     from spectune.crossover import save_crossover
     from spectune.experiments.batching import batch_sweep, crossover
 
-    points = batch_sweep(setup, args.sizes, k=args.k, max_tokens=args.max_tokens or 32)
+    points = batch_sweep(setup, args.sizes, ks=args.k, max_tokens=args.max_tokens or 32)
     best = crossover(points)
     rows = []
     for size in args.sizes:
         plain = next(p for p in points if p.batch == size and not p.speculative)
-        spec = next(p for p in points if p.batch == size and p.speculative)
-        ratio = spec.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else 0
-        rows.append([size, plain.tokens_per_second, spec.tokens_per_second, ratio])
+        row: list[Any] = [size, plain.tokens_per_second]
+        for k in args.k:
+            spec = next(p for p in points if p.batch == size and p.k == k)
+            row.append(spec.tokens_per_second / max(plain.tokens_per_second, 1e-9))
+        rows.append(row)
     _table(
-        f"Batch throughput, K = {args.k} ({setup.description})",
-        ["batch", "plain tokens/s", "speculative tokens/s", "speedup"],
+        f"Batch throughput with and without speculation ({setup.description})",
+        ["batch", "plain tokens/s", *(f"K={k} speedup" for k in args.k)],
         rows,
     )
     result: dict[str, object] = {
-        "k": args.k,
+        "ks": list(args.k),
         "points": [p.as_dict() for p in points],
         "speculate_max_batch": best,
     }
@@ -161,7 +165,9 @@ def _batch(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
     if setup.stand_in:
         print("not recorded: toy models or a stand-in draft say nothing about a real draft")
     elif not args.no_save:
-        path = save_crossover(setup.target.info, best, {"k": args.k, "sizes": list(args.sizes)})
+        path = save_crossover(
+            setup.target.info, best, {"ks": list(args.k), "sizes": list(args.sizes)}
+        )
         print(f"recorded for BatchEngine in {path}")
         result["saved_to"] = str(path)
     return result

@@ -12,15 +12,12 @@ from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
 from spectune.drafters.base import Drafter
-from spectune.drafters.model import ModelDrafter
-from spectune.drafters.tree import TreeDrafter, TreeShape
+from spectune.drafters.tree import TreeGrower, TreeShape
 from spectune.engine import Generation, SpeculativeEngine
-from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
-from spectune.models.llama import LlamaLM
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.trace import TraceWriter
-from spectune.pairing import load_drafter, load_target
+from spectune.pairing import load_drafter, load_target, tree_drafter_for
 from spectune.sampling import SamplingParams
 from spectune.textgen import stream_text
 from spectune.tokenizer import Tokenizer
@@ -109,20 +106,14 @@ def decode(
 
 def tree_drafter(
     drafter: Drafter | None, target: LanguageModel, args: argparse.Namespace
-) -> TreeDrafter:
-    """Turn a draft model into a tree drafter; trees need masks only the native runtime has."""
-    if not isinstance(drafter, ModelDrafter):
-        raise InvalidParameterError("--tree-width/--tree-nodes need a draft model (--draft)")
-    if not isinstance(target, LlamaLM) or not isinstance(drafter.model, LlamaLM):
-        raise InvalidParameterError(
-            "token trees need the native runtime for target and draft (--runtime native)"
-        )
+) -> TreeGrower:
+    """The tree form of ``--draft`` (a draft model or a feature head; native runtime)."""
     shape = TreeShape(
         width=args.tree_width if args.tree_width is not None else 2,
         nodes=args.tree_nodes if args.tree_nodes is not None else 16,
         min_path_prob=args.tree_min_prob,
     )
-    return TreeDrafter(drafter.model, shape)
+    return tree_drafter_for(drafter, target, shape)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,8 @@
 """Drafters: sources of guesses the target verifies."""
 
 from spectune.drafters.base import Draft, Drafter, TargetFeatures
+from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.feature_tree import FeatureTreeDrafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.scripted import FailingDrafter, ScriptedDrafter
@@ -10,6 +12,8 @@ __all__ = [
     "Draft",
     "Drafter",
     "FailingDrafter",
+    "FeatureDrafter",
+    "FeatureTreeDrafter",
     "ModelDrafter",
     "NgramDrafter",
     "ScriptedDrafter",

@@ -32,6 +32,9 @@ __all__ = ["FeatureDrafter"]
 
 
 class FeatureDrafter:
+    """Drafts a chain with an EAGLE-style head over the target's hidden states (see the
+    module docstring); ``FeatureTreeDrafter`` drafts trees with the same head."""
+
     def __init__(
         self,
         head: FeatureHead,
@@ -67,14 +70,44 @@ class FeatureDrafter:
         self.target_hidden[features.start : end] = features.hidden.float()
         self.known = end
 
-    def _token(self, index: Tensor) -> Tensor:
-        return index if self.vocab_subset is None else self.vocab_subset[index]
-
     def _probs(self, probs: Tensor) -> Tensor:
         """[num_draft_tokens] -> [vocab]: zeros outside a reduced vocabulary."""
         if self.vocab_subset is None:
             return probs
         return scatter_to_vocab(probs, self.vocab_subset, self.vocab_size)
+
+    def sync(self, context: Sequence[int]) -> Tensor:
+        """Bring the head's cache to ``context`` (at least 2 tokens) from real target states
+        and return the head's output at the last position, which stands in for the target
+        state h[L - 1]: [hidden]. Afterwards the cache holds exactly the real-state slots
+        (positions 1..L-1); anything a draft appends past them is dropped by the next sync.
+        """
+        length = len(context)
+        if self.target_hidden is None or self.known < length - 1:
+            raise DrafterError("the feature drafter needs the target's hidden states")
+        if self.cache is None:
+            self.cache = self.head.new_cache(self.head.cfg.max_context)
+        cache = self.cache
+        # Keep the slots built from real states that still match the context; always
+        # recompute the last position (its output is the first draft's input).
+        keep = min(common_prefix(self.slot_tokens, context[1:]), length - 2)
+        cache.truncate(min(keep, cache.length()))
+        keep = cache.length()
+        positions = range(keep + 1, length)
+        tokens = torch.tensor([[context[p] for p in positions]])  # [1, n]
+        prev = self.target_hidden[keep : length - 1][None]  # [1, n, hidden] h[p - 1]
+        self.slot_tokens = list(context[1:length])
+        features: Tensor = self.head(tokens, prev, cache)[0, -1]
+        return features
+
+    def vocab_logits(self, features: Tensor) -> Tensor:
+        """features: [..., hidden] -> [..., vocab]; -inf outside a reduced vocabulary."""
+        logits = self.head.logits(features)  # [..., num_draft_tokens]
+        if self.vocab_subset is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        full[..., self.vocab_subset] = logits
+        return full
 
     @torch.inference_mode()
     def propose(
@@ -84,35 +117,23 @@ class FeatureDrafter:
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        length = len(context)
         empty = Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, self.vocab_size))
-        if num_tokens <= 0 or length < 2:
+        if num_tokens <= 0 or len(context) < 2:
             return empty  # position 0 has no head input: nothing to draft from yet
-        if self.target_hidden is None or self.known < length - 1:
-            raise DrafterError("the feature drafter needs the target's hidden states")
-        if self.cache is None:
-            self.cache = self.head.new_cache(self.head.cfg.max_context)
+        # 1. Bring the head to the context (real target states only).
+        features = self.sync(context)
         cache = self.cache
-        # 1. Keep the slots built from real states that still match the context; always
-        #    recompute the last position (its output is the first draft's input).
-        keep = min(common_prefix(self.slot_tokens, context[1:]), length - 2)
-        cache.truncate(min(keep, cache.length()))
-        keep = cache.length()
-        positions = range(keep + 1, length)
-        tokens = torch.tensor([[context[p] for p in positions]])  # [1, n]
-        prev = self.target_hidden[keep : length - 1][None]  # [1, n, hidden] h[p - 1]
-        features = self.head(tokens, prev, cache)[0, -1]  # [hidden] stands in for h[L-1]
-        self.slot_tokens = list(context[1:length])
+        assert cache is not None
 
-        # 2. Draft autoregressively, feeding the head's own features back.
+        # 2. Draft autoregressively, feeding the head's own features back. Rows are over
+        #    the full vocabulary (zeros outside a reduced one), as a tree drafts them.
         drafted: list[Tensor] = []
         probs: list[Tensor] = []
         for i in range(num_tokens):
-            row = process_logits(self.head.logits(features), params)  # [num_draft_tokens]
-            index = choose_token(row, params, generator)
-            token = self._token(index)
+            row = process_logits(self.vocab_logits(features), params)  # [vocab]
+            token = choose_token(row, params, generator)
             drafted.append(token)
-            probs.append(self._probs(row))
+            probs.append(row)
             if i + 1 < num_tokens:
                 features = self.head(token.view(1, 1), features.view(1, 1, -1), cache)[0, -1]
         return Draft(torch.stack(drafted).long(), torch.stack(probs))

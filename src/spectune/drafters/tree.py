@@ -30,6 +30,7 @@ same probabilities, same random numbers).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -43,7 +44,7 @@ from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams, process_logits, sample_from
 from spectune.tree import MAX_TREE_NODES, tree_layout
 
-__all__ = ["TreeDrafter", "TreeShape"]
+__all__ = ["GrowingTree", "TreeDrafter", "TreeGrower", "TreeShape", "chunk_layout"]
 
 
 @dataclass(frozen=True)
@@ -66,20 +67,11 @@ class TreeShape:
 
 
 @dataclass
-class _Tree:
-    """The last proposal, kept for compaction at commit."""
+class GrowingTree:
+    """A tree while it grows (node lists indexed by node); kept after the proposal for
+    compaction at commit."""
 
-    prefix: int  # draft cache slots holding the context when the tree was drafted
-    tokens: list[int]
-    parents: list[int]
-    chunk: list[int]  # node indices of the last forward's chunk, in slot order
-
-
-@dataclass
-class _Growth:
-    """A tree while it grows (node lists indexed by node)."""
-
-    prefix: int  # draft cache slots holding the context
+    prefix: int  # committed tokens when the tree was drafted
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     rows: list[Tensor] = field(default_factory=list)  # [vocab] the distribution drawn from
@@ -99,22 +91,50 @@ class _Growth:
         return 1.0 if node < 0 else self.path_probs[node]
 
 
-class TreeDrafter(SyncedModelCache):
-    """Drafts a token tree with a draft model (see the module docstring)."""
+def chunk_layout(
+    tree: GrowingTree, nodes: list[int], root_position: int
+) -> tuple[list[int], Tensor, Tensor]:
+    """The chunk that scores ``nodes``: them and their ancestors, parents first, with
+    positions [1, m] and mask [1, m, m] for a root (already cached) at ``root_position``."""
+    members: set[int] = set()
+    for node in nodes:
+        while node >= 0 and node not in members:
+            members.add(node)
+            node = tree.parents[node]
+    chunk = sorted(members)  # parents first, as in the tree
+    where = {node: i for i, node in enumerate(chunk)}
+    chunk_parents = torch.tensor([where.get(tree.parents[n], -1) for n in chunk])  # [m]
+    positions, mask = tree_layout(chunk_parents, root_position)  # covers [root, chunk...]
+    return chunk, positions[None, 1:], mask[None, 1:, 1:]
 
-    def __init__(
-        self, model: LanguageModel, shape: TreeShape | None = None, *, name: str | None = None
-    ) -> None:
-        self.model = model
-        self.shape = shape or TreeShape()
-        self.name = name or f"tree:{model.info.name}:w{self.shape.width}n{self.shape.nodes}"
-        self.cache = None
-        self.ingested = []
-        self._last: _Tree | None = None
 
-    def reset(self) -> None:
-        super().reset()
-        self._last = None
+class TreeGrower(ABC):
+    """Grows token trees (see the module docstring); subclasses say how nodes are scored.
+
+    ``_root_logits`` brings the drafter to the context and scores the first draft token;
+    ``_score`` scores the children of some nodes in one forward and records the forward's
+    chunk in ``tree.chunk``.
+    """
+
+    name: str
+    shape: TreeShape
+    vocab_size: int
+    _last: GrowingTree | None
+
+    @abstractmethod
+    def reset(self) -> None: ...
+
+    @abstractmethod
+    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None: ...
+
+    @abstractmethod
+    def _root_logits(self, context: Sequence[int]) -> Tensor:
+        """[vocab] logits of the token after ``context``."""
+
+    @abstractmethod
+    def _score(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
+        """[len(tree.chunk), vocab] logits of the children of each node of the chunk
+        (``nodes`` with their ancestors)."""
 
     def propose(
         self,
@@ -125,7 +145,7 @@ class TreeDrafter(SyncedModelCache):
     ) -> Draft:
         """A tree at most ``num_tokens`` deep with at most ``shape.nodes`` nodes."""
         self._last = None
-        vocab = self.model.info.vocab_size
+        vocab = self.vocab_size
         if num_tokens <= 0:
             return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab))
 
@@ -134,15 +154,14 @@ class TreeDrafter(SyncedModelCache):
             # greedy distribution is one-hot and could not rank a second child).
             return logits.float().softmax(-1) if params.greedy else process_logits(logits, params)
 
-        root = distribution(self._sync(context))
-        tree = _Growth(prefix=len(context))
+        root = distribution(self._root_logits(context))
+        tree = GrowingTree(prefix=len(context))
         if params.greedy:
             self._grow_levels(tree, root, num_tokens, params, generator, distribution)
         else:
             self._grow_best_first(tree, root, num_tokens, params, generator, distribution)
         tokens, parents, rows, path_probs = tree.tokens, tree.parents, tree.rows, tree.path_probs
-        prefix, chunk = tree.prefix, tree.chunk
-        self._last = _Tree(prefix, tokens, parents, chunk)
+        self._last = tree
         keep = list(range(len(tokens)))
         nodes = self.shape.nodes
         if len(tokens) > nodes:
@@ -159,7 +178,7 @@ class TreeDrafter(SyncedModelCache):
 
     def _grow_levels(
         self,
-        tree: _Growth,
+        tree: GrowingTree,
         root: Tensor,  # [vocab]
         depth_limit: int,
         params: SamplingParams,
@@ -189,7 +208,7 @@ class TreeDrafter(SyncedModelCache):
 
     def _grow_best_first(
         self,
-        tree: _Growth,
+        tree: GrowingTree,
         root: Tensor,  # [vocab]
         depth_limit: int,
         params: SamplingParams,
@@ -239,26 +258,38 @@ class TreeDrafter(SyncedModelCache):
             remaining[token] = 0.0
         return drawn
 
-    def _score(self, tree: _Growth, nodes: list[int]) -> Tensor:
-        """Draft logits for ``nodes``: one forward over them and their ancestors under the
-        tree mask. Returns [chunk, vocab]; ``tree.chunk`` lists the chunk's nodes."""
-        members: set[int] = set()
-        for node in nodes:
-            while node >= 0 and node not in members:
-                members.add(node)
-                node = tree.parents[node]
-        chunk = sorted(members)  # parents first, as in the tree
-        where = {node: i for i, node in enumerate(chunk)}
-        chunk_parents = torch.tensor([where.get(tree.parents[n], -1) for n in chunk])  # [m]
-        # Layout of [root, chunk...] with the root already cached at slot prefix - 1.
-        positions, mask = tree_layout(chunk_parents, tree.prefix - 1)
+
+class TreeDrafter(SyncedModelCache, TreeGrower):
+    """Drafts a token tree with a draft model (see the module docstring)."""
+
+    def __init__(
+        self, model: LanguageModel, shape: TreeShape | None = None, *, name: str | None = None
+    ) -> None:
+        self.model = model
+        self.shape = shape or TreeShape()
+        self.vocab_size = model.info.vocab_size
+        self.name = name or f"tree:{model.info.name}:w{self.shape.width}n{self.shape.nodes}"
+        self.cache = None
+        self.ingested = []
+        self._last = None
+
+    def reset(self) -> None:
+        super().reset()
+        self._last = None
+
+    def _root_logits(self, context: Sequence[int]) -> Tensor:
+        return self._sync(context)
+
+    def _score(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
+        """One forward over ``nodes`` and their ancestors under the tree mask."""
+        chunk, positions, mask = chunk_layout(tree, nodes, tree.prefix - 1)
         cache = self._cache()
         cache.truncate(tree.prefix)
         out = self.model.forward(
             torch.tensor([[tree.tokens[n] for n in chunk]]),
             cache,
-            positions=positions[None, 1:],
-            chunk_mask=mask[None, 1:, 1:],
+            positions=positions,
+            chunk_mask=mask,
         )
         tree.chunk = chunk
         return out.logits[0]

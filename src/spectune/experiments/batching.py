@@ -20,16 +20,20 @@ from spectune.control.base import FixedK
 from spectune.experiments.common import Setup
 from spectune.sampling import SamplingParams
 
-__all__ = ["BatchPoint", "batch_sweep", "batch_throughput", "crossover"]
+__all__ = ["BatchPoint", "batch_sweep", "batch_throughput", "best_speculative", "crossover"]
 
 
 @dataclass(frozen=True)
 class BatchPoint:
     batch: int
-    speculative: bool
+    k: int  # draft tokens per step (0: plain decoding)
     tokens: int  # generated over all sequences
     steps: int
     seconds: float  # wall time of the decode steps (prefills excluded)
+
+    @property
+    def speculative(self) -> bool:
+        return self.k > 0
 
     @property
     def tokens_per_second(self) -> float:
@@ -38,6 +42,7 @@ class BatchPoint:
     def as_dict(self) -> dict[str, object]:
         return {
             "batch": self.batch,
+            "k": self.k,
             "speculative": self.speculative,
             "tokens": self.tokens,
             "steps": self.steps,
@@ -50,18 +55,18 @@ def batch_throughput(
     setup: Setup,
     batch: int,
     *,
-    speculative: bool,
-    k: int = 4,
+    k: int,
     max_tokens: int = 32,
     temperature: float = 0.0,
 ) -> BatchPoint:
-    """Decode ``batch`` prompts together (cycling through the set) and time the steps."""
+    """Decode ``batch`` prompts together (cycling through the set) with ``k`` draft tokens
+    per step (0: plain) and time the steps."""
     engine = BatchEngine(
         setup.target,
-        setup.draft if speculative else None,
+        setup.batch_draft() if k > 0 else None,
         max_batch=batch,
         speculate_max_batch=batch,  # measure speculation itself, whatever was recorded
-        policy_factory=lambda p: FixedK(k if speculative else 0),
+        policy_factory=lambda p: FixedK(k),
     )
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     for i in range(batch):
@@ -73,18 +78,24 @@ def batch_throughput(
         updates = engine.step()
         steps += 1
         tokens += sum(len(u.record.emitted) for u in updates)
-    return BatchPoint(batch, speculative, tokens, steps, time.perf_counter() - start)
+    return BatchPoint(batch, k, tokens, steps, time.perf_counter() - start)
+
+
+def best_speculative(points: Sequence[BatchPoint], size: int) -> BatchPoint | None:
+    """The fastest speculative point at batch size ``size`` (over the K measured)."""
+    spec = [p for p in points if p.batch == size and p.speculative]
+    return max(spec, key=lambda p: p.tokens_per_second) if spec else None
 
 
 def crossover(points: Sequence[BatchPoint]) -> int:
-    """Largest batch size B such that speculation was faster at every measured size <= B
-    (0: speculation never paid)."""
+    """Largest batch size B such that speculation (at its best measured K) was faster at
+    every measured size <= B (0: speculation never paid)."""
     sizes = sorted({p.batch for p in points})
     best = 0
     for size in sizes:
-        spec = [p for p in points if p.batch == size and p.speculative]
+        spec = best_speculative(points, size)
         plain = [p for p in points if p.batch == size and not p.speculative]
-        if not spec or not plain or spec[0].tokens_per_second <= plain[0].tokens_per_second:
+        if spec is None or not plain or spec.tokens_per_second <= plain[0].tokens_per_second:
             break
         best = size
     return best
@@ -94,22 +105,15 @@ def batch_sweep(
     setup: Setup,
     sizes: Sequence[int] = (1, 2, 4, 8, 16),
     *,
-    k: int = 4,
+    ks: Sequence[int] = (1, 4),
     max_tokens: int = 32,
     temperature: float = 0.0,
 ) -> list[BatchPoint]:
-    """Both modes at every size; plain and speculative alternate so machine drift hits both."""
+    """Plain and every K at every size; they alternate so machine drift hits all of them."""
     points: list[BatchPoint] = []
     for size in sizes:
-        for speculative in (False, True):
+        for k in (0, *ks):
             points.append(
-                batch_throughput(
-                    setup,
-                    size,
-                    speculative=speculative,
-                    k=k,
-                    max_tokens=max_tokens,
-                    temperature=temperature,
-                )
+                batch_throughput(setup, size, k=k, max_tokens=max_tokens, temperature=temperature)
             )
     return points

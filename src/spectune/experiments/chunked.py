@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from spectune.chunked import chunked_pays, expected_chunked_cost
 from spectune.costs import CostCurve, measure_forward_curve
-from spectune.drafters.model import ModelDrafter
 from spectune.experiments.common import CountingModel, DecodeStats, Setup, decode_prompts
 from spectune.sampling import SamplingParams
 
@@ -70,7 +69,7 @@ def chunked_vs_one_pass(
             stats = decode_prompts(
                 counted,
                 f"K={k} groups={group_count}",
-                lambda: ModelDrafter(setup.draft),
+                setup.fresh_drafter,
                 params,
                 k,
                 verify_groups=group_count,

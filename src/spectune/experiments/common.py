@@ -17,6 +17,7 @@ from torch import Tensor
 
 from spectune.control.base import FixedK
 from spectune.drafters.base import Drafter
+from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.model import ModelDrafter
 from spectune.engine import SpeculativeEngine
 from spectune.errors import InvalidParameterError
@@ -40,10 +41,33 @@ __all__ = [
 @dataclass(frozen=True)
 class Setup:
     target: LanguageModel
-    draft: LanguageModel
+    draft: Drafter  # the chain drafter (a draft model's or a feature head's); never shared:
+    # experiments take a ``fresh_drafter`` copy per decode
     prompts: tuple[tuple[str, tuple[int, ...]], ...]  # (prompt id, token ids)
     description: str
     stand_in: bool = False  # toy models or an untrained stand-in draft: nothing to record
+
+    def fresh_drafter(self) -> Drafter:
+        """A drafter with the draft's weights and its own (empty) state."""
+        return fresh_drafter(self.draft)
+
+    def batch_draft(self) -> LanguageModel | Callable[[], Drafter]:
+        """What ``BatchEngine`` takes: the draft model itself (batched drafting), or a
+        factory of per-sequence drafters."""
+        if isinstance(self.draft, ModelDrafter) and self.draft.vocab_subset is None:
+            return self.draft.model
+        return self.fresh_drafter
+
+
+def fresh_drafter(drafter: Drafter) -> Drafter:
+    """A copy of a model or feature drafter that shares the weights, not the state."""
+    if isinstance(drafter, ModelDrafter):
+        return ModelDrafter(drafter.model, name=drafter.name, vocab_subset=drafter.vocab_subset)
+    if isinstance(drafter, FeatureDrafter):
+        return FeatureDrafter(drafter.head, drafter.vocab_subset, name=drafter.name)
+    raise InvalidParameterError(
+        f"experiments need a draft model or feature head, not {drafter.name}"
+    )
 
 
 @dataclass(frozen=True)
@@ -170,16 +194,18 @@ def load_setup(
                 "no shipped draft yet: pass --draft PATH, or a stand-in (noise:0.05, layers:N)"
             )
         draft_ref = shipped[0]
+    draft: Drafter | None
     if draft_ref.startswith(("layers:", "noise:")):
-        draft = stand_in_draft(target.model, draft_ref)
+        draft = ModelDrafter(stand_in_draft(target.model, draft_ref))
     else:
-        drafter = load_drafter(draft_ref, target)
-        if not isinstance(drafter, ModelDrafter):
-            raise InvalidParameterError("experiments need a draft model, not 'ngram' or 'none'")
-        draft = drafter.model
+        draft = load_drafter(draft_ref, target)
+        if not isinstance(draft, ModelDrafter | FeatureDrafter):
+            raise InvalidParameterError(
+                "experiments need a draft model or feature head, not 'ngram' or 'none'"
+            )
     prompts = load_prompts(split=split, limit_per_category=per_category)
     encoded = tuple((p.id, tuple(p.tokens(target.tokenizer))) for p in prompts)
-    description = f"{target.model.info.name} + {draft.info.name}"
+    description = f"{target.model.info.name} + {draft.name}"
     return Setup(
         target.model,
         draft,
@@ -199,7 +225,9 @@ def toy_setup(num_prompts: int = 4) -> Setup:
         (f"toy-{i}", tuple(torch.randint(3, 64, (3 + 2 * i,), generator=generator).tolist()))
         for i in range(num_prompts)
     )
-    return Setup(target, draft, prompts, "toy target + perturbed draft", stand_in=True)
+    return Setup(
+        target, ModelDrafter(draft), prompts, "toy target + perturbed draft", stand_in=True
+    )
 
 
 def decode_prompts(

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spectune.drafters.model import ModelDrafter
-from spectune.drafters.tree import TreeDrafter, TreeShape
+from spectune.drafters.tree import TreeShape
 from spectune.experiments.common import DecodeStats, Setup, decode_prompts
+from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
 
 __all__ = ["TreeComparison", "tree_vs_chain"]
@@ -66,7 +66,7 @@ def tree_vs_chain(
             chain = decode_prompts(
                 setup,
                 f"chain K={budget}",
-                lambda: ModelDrafter(setup.draft),
+                setup.fresh_drafter,
                 params,
                 budget,
                 seed=seed,
@@ -74,7 +74,9 @@ def tree_vs_chain(
             tree = decode_prompts(
                 setup,
                 f"tree w={width} n={budget}",
-                lambda shape=shape: TreeDrafter(setup.draft, shape),  # type: ignore[misc]
+                lambda shape=shape: tree_drafter_for(  # type: ignore[misc]
+                    setup.fresh_drafter(), setup.target, shape
+                ),
                 params,
                 budget,
                 seed=seed,

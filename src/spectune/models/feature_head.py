@@ -115,11 +115,15 @@ class FeatureHead(nn.Module):
         tokens: Tensor,  # [batch, chunk] the tokens at the head positions
         prev_features: Tensor,  # [batch, chunk, hidden] h (or f) at the position before each
         cache: StaticKVCache | None = None,
+        *,
+        positions: Tensor | None = None,  # [batch, chunk] rotary positions; default: slots
+        chunk_mask: Tensor | None = None,  # [batch, chunk, chunk] bool; default: causal
     ) -> Tensor:
         """Returns the head's features f: [batch, chunk, hidden].
 
         Without a cache: a causal pass over whole sequences (training). With a cache: the
-        chunk is appended after the cache's current length (decoding).
+        chunk is appended after the cache's current length (decoding); a token tree passes
+        its positions and ancestor mask (``spectune.tree.tree_layout``), as for a model.
         """
         embedded = nn.functional.embedding(tokens, self._buffer("embed_weight"))
         x = torch.cat((embedded, prev_features), -1)
@@ -131,8 +135,9 @@ class FeatureHead(nn.Module):
             x = self.layer(x, cos, sin, None, 0, None, None, 0)
         else:
             slots = cache.slots(chunk)
-            mask, used = attention_mask(cache.lengths, chunk, slots, None)
-            cos, sin = rotary_tables(slots, self.cfg.head_dim, self.cfg.rope_theta)
+            mask, used = attention_mask(cache.lengths, chunk, slots, chunk_mask)
+            rotary = slots if positions is None else positions
+            cos, sin = rotary_tables(rotary, self.cfg.head_dim, self.cfg.rope_theta)
             x = self.layer(x, cos, sin, cache, 0, slots, mask, used)
             cache.advance(chunk)
         features: Tensor = self.norm(x)

@@ -1,0 +1,184 @@
+"""Token trees drafted by a feature head (EAGLE-2's setting): the same guarantees as trees
+drafted by a model, plus the head's tree-masked scoring equals scoring each path alone."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+import torch
+from scipy import stats
+
+from spectune.control.base import FixedK
+from spectune.drafters import ModelDrafter, NgramDrafter
+from spectune.drafters.base import TargetFeatures
+from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.feature_tree import FeatureTreeDrafter
+from spectune.drafters.tree import TreeDrafter, TreeShape
+from spectune.engine import SpeculativeEngine
+from spectune.errors import InvalidParameterError
+from spectune.models.llama import LlamaLM
+from spectune.models.toy import toy_config, toy_model
+from spectune.pairing import tree_drafter_for
+from spectune.sampling import SamplingParams
+
+ALPHA = 1e-4  # false-failure probability of the chi-square test
+PROMPTS = ([1, 5, 9, 13, 7], [1, 22, 23, 24, 25], [9, 4])
+
+
+@pytest.fixture(scope="module")
+def endless() -> LlamaLM:
+    """The toy target's weights without an EOS token, so sequences run to max_tokens."""
+    config = dataclasses.replace(toy_config(), eos_token_ids=())
+    return toy_model(0, config=config, scale=3.0)
+
+
+def fresh(drafter: FeatureDrafter) -> FeatureDrafter:
+    return FeatureDrafter(drafter.head, drafter.vocab_subset, name=drafter.name)
+
+
+def tree(drafter: FeatureDrafter, shape: TreeShape) -> FeatureTreeDrafter:
+    return FeatureTreeDrafter(fresh(drafter), shape)
+
+
+@pytest.mark.parametrize(
+    "shape", [TreeShape(2, 8), TreeShape(3, 16), TreeShape(2, 32, 0.05), TreeShape(4, 64)]
+)
+def test_feature_tree_greedy_equals_target_greedy(
+    endless: LlamaLM, toy_feature_drafter: FeatureDrafter, shape: TreeShape
+) -> None:
+    params = SamplingParams(max_tokens=40)
+    accepted = 0
+    for prompt in PROMPTS:
+        plain = SpeculativeEngine(endless).run(prompt, params, policy=FixedK(0)).tokens
+        gen = SpeculativeEngine(endless, tree(toy_feature_drafter, shape)).run(
+            prompt, params, policy=FixedK(4)
+        )
+        assert gen.tokens == plain
+        assert all(s.fallback is None for s in gen.steps)
+        assert max(s.drafted for s in gen.steps) <= shape.nodes
+        accepted += gen.accepted
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_width_one_feature_tree_equals_the_feature_chain(
+    endless: LlamaLM, toy_feature_drafter: FeatureDrafter, temperature: float
+) -> None:
+    """Same tokens, same per-step counts, same random numbers (reduced vocabulary too)."""
+    params = SamplingParams(temperature=temperature, max_tokens=40)
+    for seed, prompt in enumerate(PROMPTS):
+        chain = SpeculativeEngine(endless, fresh(toy_feature_drafter)).run(
+            prompt, params, policy=FixedK(3), generator=torch.Generator().manual_seed(seed)
+        )
+        one = SpeculativeEngine(endless, tree(toy_feature_drafter, TreeShape(1, 8))).run(
+            prompt, params, policy=FixedK(3), generator=torch.Generator().manual_seed(seed)
+        )
+        assert one.tokens == chain.tokens
+        assert [(s.drafted, s.accepted) for s in one.steps] == [
+            (s.drafted, s.accepted) for s in chain.steps
+        ]
+
+
+def test_tree_masked_head_features_equal_each_path_run_alone(
+    toy_target: LlamaLM, toy_feature_drafter: FeatureDrafter
+) -> None:
+    """Every node's head output from the tree-masked forwards equals the head run as a chain
+    along that node's path (what drafting the path alone would compute)."""
+    prompt = [1, 5, 9, 13, 7]
+    hidden = toy_target.forward(torch.tensor([prompt]), toy_target.new_cache()).hidden
+    assert hidden is not None  # [1, 5, hidden] the target states the engine would commit
+    drafter = tree(toy_feature_drafter, TreeShape(3, 24))
+    drafter.drafter.commit(prompt, TargetFeatures(0, hidden[0]))
+    draft = drafter.propose(prompt, 4, SamplingParams(), None)
+    last = drafter._last
+    assert draft.parents is not None and last is not None and len(last.tokens) > 6
+    head = toy_feature_drafter.head
+    checked = 0
+    for node, features in drafter._node_features.items():
+        path = [node]
+        while last.parents[path[-1]] >= 0:
+            path.append(last.parents[path[-1]])
+        path.reverse()
+        alone = fresh(toy_feature_drafter)
+        alone.commit(prompt, TargetFeatures(0, hidden[0]))
+        step = alone.sync(prompt)
+        assert alone.cache is not None
+        for member in path:
+            token = torch.tensor([[last.tokens[member]]])
+            step = head(token, step.view(1, 1, -1), alone.cache)[0, -1]
+        torch.testing.assert_close(features, step, atol=1e-5, rtol=1e-4)
+        checked += 1
+    assert checked > 3
+
+
+@pytest.mark.slow
+def test_feature_tree_end_to_end_emits_the_target_distribution(
+    toy_target: LlamaLM, toy_feature_drafter: FeatureDrafter
+) -> None:
+    """The whole path (best-first sampled tree from the head, the engine, the sibling
+    verifier): the first two tokens follow the toy target's own distribution. Chi-square over
+    the likely (t1, t2) pairs (expected count >= 5; the rest pooled), 4,000 runs, fixed
+    seeds, false-failure probability 1e-4."""
+    prompt = [1, 5, 9, 13, 7]
+    params = SamplingParams(temperature=1.0, max_tokens=2)
+    runs = 4_000
+    vocab = toy_target.info.vocab_size
+    cache = toy_target.new_cache(capacity=16)
+    first = toy_target.forward(torch.tensor([prompt]), cache).logits[0, -1].softmax(-1).double()
+    batch = torch.tensor([prompt + [t] for t in range(vocab)])
+    second = toy_target.forward(batch, toy_target.new_cache(vocab, 16)).logits[:, -1]
+    expected = first[:, None] * second.softmax(-1).double() * runs  # [vocab, vocab]
+    engine = SpeculativeEngine(toy_target, tree(toy_feature_drafter, TreeShape(width=3, nodes=7)))
+    generator = torch.Generator().manual_seed(78)
+    counts = torch.zeros(vocab, vocab, dtype=torch.float64)
+    accepted = 0
+    for _ in range(runs):
+        gen = engine.run(prompt, params, policy=FixedK(2), generator=generator)
+        counts[gen.tokens[0], gen.tokens[1]] += 1
+        accepted += gen.accepted
+    assert accepted > runs // 4  # the head's tree really was verified, not bypassed
+    likely = expected >= 5
+    observed = torch.cat((counts[likely], counts[~likely].sum().view(1)))
+    wanted = torch.cat((expected[likely], expected[~likely].sum().view(1)))
+    result = stats.chisquare(observed.numpy(), (wanted / wanted.sum() * runs).numpy())
+    assert result.pvalue > ALPHA, result
+
+
+@pytest.mark.slow
+def test_shipped_draft_tree_keeps_the_real_targets_greedy_output(smollm2) -> None:  # type: ignore[no-untyped-def]
+    from spectune.pairing import load_drafter
+    from spectune.shipped import shipped_draft_path
+
+    if shipped_draft_path("smollm2-draft") is None:
+        pytest.skip("no shipped draft in this checkout")
+    drafter = load_drafter("smollm2-draft", smollm2)
+    prompt = smollm2.tokenizer.encode_chat([{"role": "user", "content": "List three fruits."}])
+    params = SamplingParams(max_tokens=24)
+    plain = SpeculativeEngine(smollm2.model).run(prompt, params, policy=FixedK(0)).tokens
+    for shape in (TreeShape(2, 8), TreeShape(3, 16, 0.02)):
+        tree_drafter = tree_drafter_for(drafter, smollm2.model, shape)
+        assert isinstance(tree_drafter, FeatureTreeDrafter)
+        gen = SpeculativeEngine(smollm2.model, tree_drafter).run(prompt, params, policy=FixedK(4))
+        assert gen.tokens == plain
+        assert gen.accepted > 0 and all(s.fallback is None for s in gen.steps)
+
+
+def test_tree_drafter_for_picks_the_tree_form_or_says_why(
+    toy_target: LlamaLM, toy_draft: LlamaLM, toy_feature_drafter: FeatureDrafter
+) -> None:
+    shape = TreeShape(2, 8)
+    assert isinstance(tree_drafter_for(ModelDrafter(toy_draft), toy_target, shape), TreeDrafter)
+    assert isinstance(
+        tree_drafter_for(fresh(toy_feature_drafter), toy_target, shape), FeatureTreeDrafter
+    )
+    with pytest.raises(InvalidParameterError, match="draft model"):
+        tree_drafter_for(NgramDrafter(), toy_target, shape)
+    reduced = ModelDrafter(toy_draft, vocab_subset=torch.arange(32))
+    with pytest.raises(InvalidParameterError, match="full-vocabulary"):
+        tree_drafter_for(reduced, toy_target, shape)
+    from spectune.cli.generate import tree_drafter
+
+    args = argparse.Namespace(tree_width=2, tree_nodes=None, tree_min_prob=0.0)
+    assert tree_drafter(fresh(toy_feature_drafter), toy_target, args).shape == TreeShape(2, 16)
