@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--per-category", type=int, default=1, help="prompts per category")
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's own)"
+    )
     tree = parser.add_argument_group("tree")
     tree.add_argument("--budgets", type=_ints, default=(4, 8), help="node budgets (= chain K)")
-    tree.add_argument("--width", type=int, default=2)
+    tree.add_argument("--widths", type=_ints, default=(2,), help="tree widths to compare")
     tree.add_argument("--min-path-prob", type=float, default=0.0)
     tree.add_argument("--temperatures", type=_floats, default=(0.0, 0.7))
     batch = parser.add_argument_group("batch")
@@ -75,12 +79,22 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.per_category < 1:
         raise InvalidParameterError("--per-category must be >= 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidParameterError("--threads must be >= 1")
+        import torch
+
+        torch.set_num_threads(args.threads)
     setup = (
         toy_setup()
         if args.toy
         else load_setup(args.target, args.draft, per_category=args.per_category)
     )
-    report: dict[str, Any] = {"setup": setup.description, "prompts": len(setup.prompts)}
+    report: dict[str, Any] = {
+        "setup": setup.description,
+        "prompts": len(setup.prompts),
+        "command": "spectune experiment " + " ".join(sys.argv[2:]),
+    }
     if args.which == "tree":
         report["tree_vs_chain"] = _tree(setup, args)
     elif args.which == "batch":
@@ -111,14 +125,17 @@ def _tree(setup: Setup, args: argparse.Namespace) -> list[dict[str, object]]:
     results = tree_vs_chain(
         setup,
         budgets=args.budgets,
-        width=args.width,
+        widths=args.widths,
         min_path_prob=args.min_path_prob,
         temperatures=args.temperatures,
         max_tokens=args.max_tokens or 32,
     )
-    rows = []
+    rows: list[list[Any]] = []
+    shown = None
     for r in results:
-        for stats in (r.chain, r.tree):
+        stats_rows = [r.tree] if r.chain is shown else [r.chain, r.tree]
+        shown = r.chain
+        for stats in stats_rows:
             rows.append(
                 [
                     r.temperature,

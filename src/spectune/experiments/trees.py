@@ -23,6 +23,7 @@ __all__ = ["TreeComparison", "tree_vs_chain"]
 class TreeComparison:
     temperature: float
     budget: int  # draft tokens (chain K) = tree nodes
+    width: int  # the tree's children per expanded node
     chain: DecodeStats
     tree: DecodeStats
 
@@ -41,6 +42,7 @@ class TreeComparison:
         return {
             "temperature": self.temperature,
             "budget": self.budget,
+            "width": self.width,
             "chain": self.chain.as_dict(),
             "tree": self.tree.as_dict(),
             "accepted_length_gain": round(self.accepted_length_gain, 4),
@@ -52,34 +54,31 @@ def tree_vs_chain(
     setup: Setup,
     *,
     budgets: Sequence[int] = (4, 8),
-    width: int = 2,
+    widths: Sequence[int] = (2,),
     min_path_prob: float = 0.0,
     temperatures: Sequence[float] = (0.0, 0.7),
     max_tokens: int = 48,
     seed: int = 0,
 ) -> list[TreeComparison]:
+    """One chain run per (temperature, budget), compared with a tree of every width."""
     results: list[TreeComparison] = []
     for temperature in temperatures:
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         for budget in budgets:
-            shape = TreeShape(width=width, nodes=budget, min_path_prob=min_path_prob)
             chain = decode_prompts(
-                setup,
-                f"chain K={budget}",
-                setup.fresh_drafter,
-                params,
-                budget,
-                seed=seed,
+                setup, f"chain K={budget}", setup.fresh_drafter, params, budget, seed=seed
             )
-            tree = decode_prompts(
-                setup,
-                f"tree w={width} n={budget}",
-                lambda shape=shape: tree_drafter_for(  # type: ignore[misc]
-                    setup.fresh_drafter(), setup.target, shape
-                ),
-                params,
-                budget,
-                seed=seed,
-            )
-            results.append(TreeComparison(temperature, budget, chain, tree))
+            for width in widths:
+                shape = TreeShape(width=width, nodes=budget, min_path_prob=min_path_prob)
+                tree = decode_prompts(
+                    setup,
+                    f"tree w={width} n={budget}",
+                    lambda shape=shape: tree_drafter_for(  # type: ignore[misc]
+                        setup.fresh_drafter(), setup.target, shape
+                    ),
+                    params,
+                    budget,
+                    seed=seed,
+                )
+                results.append(TreeComparison(temperature, budget, width, chain, tree))
     return results
