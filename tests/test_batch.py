@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from spectune.batch import BatchEngine
+from spectune.batch_feature_draft import BatchFeatureDrafter
 from spectune.control.base import FixedK
 from spectune.drafters import FailingDrafter, ModelDrafter, NgramDrafter, ScriptedDrafter
 from spectune.drafters.base import Drafter
+from spectune.drafters.feature import FeatureDrafter
 from spectune.engine import SpeculativeEngine, StepRecord
 from spectune.errors import BatchFullError, InvalidParameterError, PromptError
 from spectune.models.llama import LlamaLM
@@ -303,3 +305,36 @@ def test_batch_greedy_equals_alone_on_the_real_model(smollm2) -> None:  # type: 
     got = run_batch(engine, {rid: (p, params) for rid, p in prompts.items()})
     for rid, prompt in prompts.items():
         assert tokens_of(got[rid]) == alone(target, None, prompt, params, 0), rid
+
+
+def fresh_feature(drafter: FeatureDrafter) -> FeatureDrafter:
+    return FeatureDrafter(drafter.head, drafter.vocab_subset, name=drafter.name)
+
+
+@pytest.mark.parametrize(("k", "temperature"), [(1, 0.0), (4, 0.0), (3, 0.8)])
+def test_feature_head_batch_equals_alone(
+    endless: LlamaLM, toy_feature_drafter: FeatureDrafter, k: int, temperature: float
+) -> None:
+    """The feature head drafts the whole batch in one head forward per draft step and each
+    sequence still decodes as it would alone (rows join, leave and move: max_batch 3 < 5)."""
+    params = SamplingParams(temperature=temperature, max_tokens=24)
+    seeds = {rid: 40 + i for i, rid in enumerate(PROMPTS)}
+    engine = BatchEngine(
+        endless, toy_feature_drafter, max_batch=3, capacity=256, policy_factory=lambda p: FixedK(k)
+    )
+    assert isinstance(engine.drafter, BatchFeatureDrafter)
+    got = run_batch(engine, {rid: (p, params) for rid, p in PROMPTS.items()}, seeds=seeds)
+    accepted = drafted = 0
+    for rid, prompt in PROMPTS.items():
+        expected = alone(endless, fresh_feature(toy_feature_drafter), prompt, params, k, seeds[rid])
+        assert tokens_of(got[rid]) == expected, rid
+        alone_steps = SpeculativeEngine(endless, fresh_feature(toy_feature_drafter)).run(
+            prompt, params, policy=FixedK(k), generator=torch.Generator().manual_seed(seeds[rid])
+        )
+        assert [(r.drafted, r.accepted) for r in got[rid]] == [
+            (s.drafted, s.accepted) for s in alone_steps.steps
+        ], rid  # the same drafts were proposed, not only the same output
+        accepted += sum(r.accepted for r in got[rid])
+        drafted += sum(r.drafted for r in got[rid])
+    assert 0 < accepted < drafted
+    assert engine.active == 0

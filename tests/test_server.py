@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterator
 import httpx
 import openai
 import pytest
+import torch
 
+from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.scripted import FailingDrafter, ScriptedDrafter
 from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
@@ -421,3 +423,44 @@ def test_sequential_engine_is_exact(
         )
         expected = plain_greedy(toy_target, tokenizer, tokenizer.encode("w3 w1"), 16)
         assert result.choices[0].text == expected
+
+
+@pytest.mark.parametrize("kind", ["batch", "sequential"])
+def test_feature_head_draft_is_served_exactly(
+    toy_target: LlamaLM, toy_feature_drafter: FeatureDrafter, tokenizer: Tokenizer, kind: str
+) -> None:
+    """``serve --draft <feature head>`` drafts with the head (batched), not a fallback."""
+    draft = DraftSource.from_drafter(toy_feature_drafter)
+    assert draft.feature is toy_feature_drafter and draft.name == toy_feature_drafter.name
+    service = toy_service(
+        toy_target,
+        tokenizer,
+        draft=draft,
+        engine=EngineSettings(kind=kind, capacity=512),  # type: ignore[arg-type]
+        limits=LIMITS,
+    )
+    with running_server(create_app(service)) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        for prompt in ("w3 w1", "w5 w9 w2 w7"):
+            result = client.completions.create(
+                model="toy", prompt=prompt, max_tokens=16, temperature=0
+            )
+            expected = plain_greedy(toy_target, tokenizer, tokenizer.encode(prompt), 16)
+            assert result.choices[0].text == expected
+
+
+def test_draft_source_keeps_what_each_drafter_needs(
+    toy_draft: LlamaLM, toy_feature_drafter: FeatureDrafter
+) -> None:
+    from spectune.drafters import ModelDrafter, NgramDrafter
+
+    assert DraftSource.from_drafter(None).name is None
+    assert DraftSource.from_drafter(NgramDrafter()).ngram
+    assert DraftSource.from_drafter(ModelDrafter(toy_draft)).model is toy_draft
+    reduced = ModelDrafter(toy_draft, vocab_subset=torch.arange(32), name="reduced")
+    source = DraftSource.from_drafter(reduced)
+    assert source.model is None and source.name == "reduced"
+    factory = source.for_batch()
+    assert callable(factory) and not isinstance(factory, str)
+    made = factory()  # type: ignore[call-arg]
+    assert isinstance(made, ModelDrafter) and made.vocab_subset is not None  # id map kept

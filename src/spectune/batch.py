@@ -5,7 +5,8 @@ sequence by one speculative step:
 
 1. K per sequence from its own policy (0 above ``speculate_max_batch`` active sequences,
    where speculation stops paying, and for sequences whose drafter failed).
-2. Draft: one draft pass per draft step over the batch (``spectune.batch_draft``).
+2. Draft: one draft pass per draft step over the batch (``spectune.batch_draft``; a
+   feature head: ``spectune.batch_feature_draft``).
 3. One target pass over ``[batch, 1 + max K]``: row b is ``[pending_b, draft_b..., pad]``.
 4. Per sequence: verify (``engine.verify_draft``), roll back its row to what it kept,
    stop (``engine.cut_at_stops``), tell its drafter and policy.
@@ -44,9 +45,11 @@ from spectune.batch_draft import (
     forward_row,
     forward_rows,
 )
+from spectune.batch_feature_draft import BatchFeatureDrafter
 from spectune.control.base import FixedK, KPolicy
 from spectune.crossover import load_crossover
 from spectune.drafters.base import Draft, Drafter, TargetFeatures
+from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.engine import (
     CHUNK_SLACK,
@@ -120,9 +123,10 @@ def tree_inputs(
 class BatchEngine:
     """Decodes many requests at once with a target model and an optional draft.
 
-    ``draft``: a draft ``LanguageModel`` (batched draft passes), ``"ngram"`` (prompt
-    lookup), a zero-argument factory of per-sequence ``Drafter`` objects, or None (plain
-    decoding). ``capacity``: most tokens one sequence may hold (prompt + output).
+    ``draft``: a draft ``LanguageModel`` or a ``FeatureDrafter`` (batched draft passes),
+    ``"ngram"`` (prompt lookup), a zero-argument factory of per-sequence ``Drafter``
+    objects, or None (plain decoding). ``capacity``: most tokens one sequence may hold
+    (prompt + output).
     ``speculate_max_batch``: above this many active sequences every step is plain; None
     reads the crossover ``spectune experiment batch`` measured for this target on this
     machine (``spectune.crossover``), and speculates at every size if there is none.
@@ -133,7 +137,7 @@ class BatchEngine:
     def __init__(
         self,
         target: LanguageModel,
-        draft: LanguageModel | str | Callable[[], Drafter] | None = None,
+        draft: LanguageModel | FeatureDrafter | str | Callable[[], Drafter] | None = None,
         *,
         max_batch: int = 16,
         capacity: int = 2048,
@@ -169,7 +173,7 @@ class BatchEngine:
         self._by_id: dict[str, _Sequence] = {}
 
     def _make_drafter(
-        self, draft: LanguageModel | str | Callable[[], Drafter] | None
+        self, draft: LanguageModel | FeatureDrafter | str | Callable[[], Drafter] | None
     ) -> BatchDrafter | None:
         if draft is None or draft == "none":
             return None
@@ -181,6 +185,8 @@ class BatchEngine:
             return PerSequenceDrafters(NgramDrafter, self.max_batch)
         if isinstance(draft, LanguageModel):
             return BatchModelDrafter(draft, self.max_batch, self.capacity + SLACK, SLACK)
+        if isinstance(draft, FeatureDrafter):
+            return BatchFeatureDrafter(draft, self.max_batch, self.capacity + SLACK, SLACK)
         return PerSequenceDrafters(draft, self.max_batch)
 
     @property

@@ -35,6 +35,7 @@ __all__ = [
     "check_compatible",
     "compatibility_problems",
     "draft_tokenizer",
+    "fresh_drafter",
     "load_drafter",
     "load_target",
     "tree_drafter_for",
@@ -170,3 +171,15 @@ def tree_drafter_for(
             )
         return TreeDrafter(drafter.model, shape)
     raise InvalidParameterError("token trees need a draft model or a feature-head draft")
+
+
+def fresh_drafter(drafter: Drafter) -> Drafter:
+    """A drafter with the same weights and its own (empty) per-request state: model and
+    feature drafters share their model or head, an n-gram drafter is new."""
+    if isinstance(drafter, ModelDrafter):
+        return ModelDrafter(drafter.model, name=drafter.name, vocab_subset=drafter.vocab_subset)
+    if isinstance(drafter, FeatureDrafter):
+        return FeatureDrafter(drafter.head, drafter.vocab_subset, name=drafter.name)
+    if isinstance(drafter, NgramDrafter):
+        return NgramDrafter()
+    raise InvalidParameterError(f"cannot copy a {type(drafter).__name__} drafter")

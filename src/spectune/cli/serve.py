@@ -17,7 +17,6 @@ from spectune.cli.common import add_model_args, parse_dtype
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
-from spectune.drafters.model import ModelDrafter
 from spectune.errors import InvalidParameterError
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
@@ -110,10 +109,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype=dtype, runtime=args.runtime)
     drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
-    if isinstance(drafter, ModelDrafter):
-        draft = DraftSource(model=drafter.model)
-    else:
-        draft = DraftSource(ngram=drafter is not None)
+    draft = DraftSource.from_drafter(drafter)
 
     def default_policy(params: SamplingParams) -> KPolicy:
         if draft.name is None:

@@ -49,25 +49,18 @@ class Setup:
 
     def fresh_drafter(self) -> Drafter:
         """A drafter with the draft's weights and its own (empty) state."""
+        from spectune.pairing import fresh_drafter
+
         return fresh_drafter(self.draft)
 
-    def batch_draft(self) -> LanguageModel | Callable[[], Drafter]:
-        """What ``BatchEngine`` takes: the draft model itself (batched drafting), or a
-        factory of per-sequence drafters."""
+    def batch_draft(self) -> LanguageModel | FeatureDrafter | Callable[[], Drafter]:
+        """What ``BatchEngine`` takes: the draft model or feature drafter itself (batched
+        drafting), or a factory of per-sequence drafters."""
         if isinstance(self.draft, ModelDrafter) and self.draft.vocab_subset is None:
             return self.draft.model
+        if isinstance(self.draft, FeatureDrafter):
+            return self.draft
         return self.fresh_drafter
-
-
-def fresh_drafter(drafter: Drafter) -> Drafter:
-    """A copy of a model or feature drafter that shares the weights, not the state."""
-    if isinstance(drafter, ModelDrafter):
-        return ModelDrafter(drafter.model, name=drafter.name, vocab_subset=drafter.vocab_subset)
-    if isinstance(drafter, FeatureDrafter):
-        return FeatureDrafter(drafter.head, drafter.vocab_subset, name=drafter.name)
-    raise InvalidParameterError(
-        f"experiments need a draft model or feature head, not {drafter.name}"
-    )
 
 
 @dataclass(frozen=True)

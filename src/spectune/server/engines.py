@@ -13,10 +13,12 @@ from spectune.batch import BatchEngine
 from spectune.control.base import KPolicy
 from spectune.crossover import load_crossover
 from spectune.drafters.base import Drafter
+from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
+from spectune.pairing import fresh_drafter
 from spectune.sampling import SamplingParams
 from spectune.server.scheduler import RequestPolicies, StepEngine
 from spectune.server.sequential import SequentialBatchEngine
@@ -28,13 +30,28 @@ ENGINES = ("batch", "sequential")
 
 @dataclass(frozen=True)
 class DraftSource:
-    """What drafts: a draft model, prompt lookup (``ngram``), a factory of per-request
-    drafters (any ``Drafter``, e.g. the test doubles), or nothing."""
+    """What drafts: a draft model, a feature head, prompt lookup (``ngram``), a factory of
+    per-request drafters (any ``Drafter``, e.g. the test doubles), or nothing."""
 
     model: LanguageModel | None = None
+    feature: FeatureDrafter | None = None
     ngram: bool = False
     drafters: Callable[[], Drafter] | None = None
     label: str | None = None  # the name clients use in ``spectune.drafter``
+
+    @classmethod
+    def from_drafter(cls, drafter: Drafter | None) -> DraftSource:
+        """What ``load_drafter`` returned, in the form the engines batch best."""
+        if drafter is None:
+            return cls()
+        if isinstance(drafter, NgramDrafter):
+            return cls(ngram=True)
+        if isinstance(drafter, ModelDrafter) and drafter.vocab_subset is None:
+            return cls(model=drafter.model)
+        if isinstance(drafter, FeatureDrafter):
+            return cls(feature=drafter, label=drafter.name)
+        # A reduced-vocabulary draft model: its logits need the drafter's id mapping.
+        return cls(drafters=lambda: fresh_drafter(drafter), label=drafter.name)
 
     @property
     def name(self) -> str | None:
@@ -48,17 +65,21 @@ class DraftSource:
 
     def factory(self) -> Callable[[], Drafter] | None:
         """Per-request drafters (drafters keep per-request state)."""
-        model = self.model
+        model, feature = self.model, self.feature
         if model is not None:
             return lambda: ModelDrafter(model)
+        if feature is not None:
+            return lambda: fresh_drafter(feature)
         if self.ngram:
             return NgramDrafter
         return self.drafters
 
-    def for_batch(self) -> LanguageModel | str | Callable[[], Drafter] | None:
+    def for_batch(self) -> LanguageModel | FeatureDrafter | str | Callable[[], Drafter] | None:
         """The ``draft`` argument of ``BatchEngine``."""
         if self.model is not None:
             return self.model
+        if self.feature is not None:
+            return self.feature
         return "ngram" if self.ngram else self.drafters
 
 

@@ -1,0 +1,191 @@
+"""Batched drafting with a feature head: one head forward per draft step over the batch.
+
+Per row it does exactly what ``FeatureDrafter`` does for one sequence (see
+``spectune.drafters.feature``): the head's cache row holds only slots computed from real
+target states (slot s = position s + 1); a proposal keeps the slots that still match the
+context, recomputes the rest up to the last committed position from the target states the
+engine handed over, then drafts k tokens feeding the head's own output back. Draft slots
+are dropped by the next sync. Rows need different numbers of catch-up positions (ragged):
+the chunk is padded after each row's real positions, and every row is truncated back to
+its own length afterwards (causal attention keeps real positions blind to the padding).
+
+Random numbers: each sequence draws from its own generator in the single-sequence order,
+so a sequence drafts the same tokens alone or batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from spectune.batch_draft import DraftRequest
+from spectune.drafters.base import Draft, TargetFeatures
+from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.model import choose_token, common_prefix
+from spectune.kv_cache import StaticKVCache
+from spectune.sampling import process_logits
+
+__all__ = ["BatchFeatureDrafter"]
+
+
+class BatchFeatureDrafter:
+    """A feature head drafting every requesting row in one forward per draft step."""
+
+    def __init__(self, drafter: FeatureDrafter, max_batch: int, capacity: int, slack: int) -> None:
+        self.drafter = drafter  # the head and vocabulary; its own per-sequence state is unused
+        self.head = drafter.head
+        self.name = drafter.name
+        cfg = self.head.cfg
+        capacity = min(capacity, cfg.max_context)
+        self.cache = StaticKVCache(
+            num_layers=1,
+            batch_size=max_batch,
+            capacity=capacity,
+            kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            dtype=self.head.fc.weight.dtype,
+            device=self.head.fc.weight.device,
+        )
+        self.limit = capacity - slack  # padding writes up to ``slack`` slots past a row
+        self.slack = slack
+        # [max_batch, capacity, hidden]: row r's target state h[t] at [r, t]
+        self.target_hidden = torch.zeros(max_batch, capacity, cfg.hidden_size)
+        self.known = [0] * max_batch  # positions 0..known-1 have target states
+        self.slot_tokens: list[list[int]] = [[] for _ in range(max_batch)]
+
+    def add(self, row: int, prompt: Sequence[int], features: TargetFeatures | None) -> None:
+        self.free(row)
+        self.commit(row, prompt, features)
+        end = len(prompt) - 1  # the last position is always recomputed by a proposal
+        if end >= 2 and self.known[row] >= end and end <= self.limit:
+            # Prefill now so later steps catch up a few positions per row, not a prompt.
+            self._forward_row(row, list(prompt[1:end]), self.target_hidden[row, : end - 1])
+            self.slot_tokens[row] = list(prompt[1:end])
+
+    def move(self, src: int, dst: int) -> None:
+        self.cache.copy_row(src, dst)
+        self.target_hidden[dst] = self.target_hidden[src]
+        self.known[dst] = self.known[src]
+        self.slot_tokens[dst] = self.slot_tokens[src]
+        self.free(src)
+
+    def free(self, row: int) -> None:
+        self.cache.truncate(0, row)
+        self.known[row] = 0
+        self.slot_tokens[row] = []
+
+    def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
+        """Store the target states of the committed positions the step verified."""
+        if features is None:
+            return
+        end = features.start + features.hidden.shape[0]
+        if end > self.target_hidden.shape[1]:
+            self.known[row] = min(self.known[row], features.start)
+            return  # past the head's capacity: the proposal reports the row as full
+        self.target_hidden[row, features.start : end] = features.hidden.float()
+        self.known[row] = end
+
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | str]:
+        vocab = self.drafter.vocab_size
+        results: list[Draft | str] = []
+        ready: list[DraftRequest] = []
+        for req in requests:
+            length = len(req.context)
+            if length < 2:  # position 0 has no head input: nothing to draft from yet
+                results.append(Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab)))
+            elif length + req.k > self.limit:
+                results.append("draft_context_full")
+            elif self.known[req.row] < length - 1:
+                results.append("drafter_error: the feature drafter needs the target's states")
+            else:
+                results.append("")
+                ready.append(req)
+        if not ready:
+            return results
+        drafts = dict(zip((r.row for r in ready), self._draft(ready, num_rows), strict=True))
+        return [d if d != "" else drafts[req.row] for d, req in zip(results, requests, strict=True)]
+
+    def _forward(self, num_rows: int, tokens: Tensor, prev: Tensor) -> Tensor:
+        """Head forward over the leading ``num_rows`` rows: tokens [rows, w], prev
+        [rows, w, hidden] -> features [rows, w, hidden]."""
+        view = self.cache if num_rows == self.cache.batch_size else self.cache.rows(0, num_rows)
+        try:
+            features: Tensor = self.head(tokens, prev.to(self.head.fc.weight.dtype), view)
+            return features
+        finally:
+            self.cache.lengths[:num_rows] = view.lengths
+
+    def _forward_row(self, row: int, tokens: list[int], prev: Tensor) -> None:
+        view = self.cache.rows(row, row + 1)
+        self.head(torch.tensor([tokens]), prev[None].to(self.head.fc.weight.dtype), view)
+        self.cache.lengths[row] = view.lengths[0]
+
+    def _sync(self, requests: Sequence[DraftRequest], num_rows: int) -> dict[int, Tensor]:
+        """Bring each requesting row to its context from real target states; returns
+        row -> the head output at the last position (stands in for h[L - 1]) [hidden]."""
+        pending: dict[int, tuple[int, list[int]]] = {}  # row -> (first position, tokens)
+        for req in requests:
+            row, context = req.row, req.context
+            length = len(context)
+            keep = min(common_prefix(self.slot_tokens[row], context[1:]), length - 2)
+            self.cache.truncate(min(keep, self.cache.length(row)), row)
+            keep = self.cache.length(row)
+            pending[row] = (keep + 1, list(context[keep + 1 : length]))
+            self.slot_tokens[row] = list(context[1:length])
+        hidden_size = self.head.cfg.hidden_size
+        out: dict[int, Tensor] = {}
+        offset = 0
+        while len(out) < len(pending):
+            width = min(self.slack, max(len(toks) - offset for _, toks in pending.values()))
+            tokens = torch.zeros(num_rows, width, dtype=torch.long)  # [rows, width]
+            prev = torch.zeros(num_rows, width, hidden_size)  # [rows, width, hidden]
+            used = [0] * num_rows
+            for row, (first, toks) in pending.items():
+                part = toks[offset : offset + width]
+                if not part:
+                    continue
+                start = first + offset  # position of part[0]; its input state is h[start - 1]
+                tokens[row, : len(part)] = torch.tensor(part, dtype=torch.long)
+                prev[row, : len(part)] = self.target_hidden[row, start - 1 : start - 1 + len(part)]
+                used[row] = len(part)
+            before = [self.cache.length(r) for r in range(num_rows)]
+            features = self._forward(num_rows, tokens, prev)
+            for row in range(num_rows):
+                self.cache.truncate(before[row] + used[row], row)  # forget the padding
+            for row, (_, toks) in pending.items():
+                if used[row] and offset + used[row] == len(toks):
+                    out[row] = features[row, used[row] - 1]
+            offset += width
+        return out
+
+    def _draft(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft]:
+        features = self._sync(requests, num_rows)
+        tokens: dict[int, list[Tensor]] = {r.row: [] for r in requests}
+        probs: dict[int, list[Tensor]] = {r.row: [] for r in requests}
+        hidden_size = self.head.cfg.hidden_size
+        for step in range(max(r.k for r in requests)):
+            for req in (r for r in requests if r.k > step):
+                row_probs = process_logits(self.drafter.vocab_logits(features[req.row]), req.params)
+                tokens[req.row].append(choose_token(row_probs, req.params, req.generator))
+                probs[req.row].append(row_probs)  # [vocab]
+            feeding = [r for r in requests if r.k > step + 1]
+            if not feeding:
+                break
+            chunk = torch.zeros(num_rows, 1, dtype=torch.long)  # [rows, 1]
+            prev = torch.zeros(num_rows, 1, hidden_size)  # [rows, 1, hidden]
+            for req in feeding:
+                chunk[req.row, 0] = tokens[req.row][-1]
+                prev[req.row, 0] = features[req.row]
+            before = [self.cache.length(r) for r in range(num_rows)]
+            out = self._forward(num_rows, chunk, prev)
+            fed = {r.row for r in feeding}
+            for row in range(num_rows):
+                if row not in fed:
+                    self.cache.truncate(before[row], row)
+            for req in feeding:
+                features[req.row] = out[req.row, 0]
+        return [
+            Draft(torch.stack(tokens[r.row]).long(), torch.stack(probs[r.row])) for r in requests
+        ]
