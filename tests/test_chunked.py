@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from spectune.chunked import (
+    GroupedVerification,
     best_groups,
     chunked_pays,
     expected_chunked_cost,
@@ -13,6 +14,7 @@ from spectune.chunked import (
     verify_in_groups,
 )
 from spectune.control.base import FixedK
+from spectune.control.registry import make_policy
 from spectune.costs import CostCurve
 from spectune.drafters import ModelDrafter
 from spectune.engine import SpeculativeEngine, StepRecord
@@ -152,3 +154,58 @@ def test_cost_model() -> None:
     assert not chunked_pays(LINEAR, 1.0, 8, 2)
     assert best_groups(LINEAR, 0.3, 8) > 1
     assert not chunked_pays(LINEAR, 0.3, 1, 2)
+
+
+def record(k: int, accepted: int, *, groups: int = 1) -> StepRecord:
+    return StepRecord(
+        index=0,
+        k=k,
+        drafted=k,
+        accepted=accepted,
+        emitted=(1,) * (accepted + 1),
+        draft_time=0.001 * k,
+        target_time=0.1,
+        step_time=0.1 + 0.001 * k,
+        verify_groups=groups,
+    )
+
+
+@pytest.mark.parametrize(("curve", "chunks"), [(LINEAR, True), (FLAT, False)])
+def test_cost_policy_chooses_chunked_verification_where_it_pays(
+    curve: CostCurve, chunks: bool
+) -> None:
+    """A weak draft (1 of 4 accepted) on a compute-bound curve: groups; on a flat one: never.
+    Through ``make_policy``, so the fallback wrapper forwards the choice to the engine."""
+    policy = make_policy("cost", {"initial_k": 4}, cost_curve=curve)
+    assert isinstance(policy, GroupedVerification)
+    assert policy.verify_groups(4) is None  # no opinion before the warm-up
+    for _ in range(6):
+        policy.observe(record(4, 1))
+    k = policy.next_k()
+    groups = policy.verify_groups(max(k, 2))
+    assert groups is not None
+    if chunks:
+        assert groups > 1
+        inner = policy.inner  # type: ignore[attr-defined]
+        alpha = inner.alpha
+        assert expected_chunked_cost(curve, alpha, max(k, 2), groups) < curve.relative(max(k, 2))
+    else:
+        assert groups == 1
+
+
+def test_engine_takes_the_groups_through_the_fallback_wrapper(
+    toy_target: LlamaLM, toy_draft: LlamaLM
+) -> None:
+    """A policy behind fallback checks still chooses the groups; records say how many."""
+    from spectune.control.fallback import Guarded, LocalFallback
+
+    params = SamplingParams(max_tokens=40)
+    prompt = [1, 5, 9, 13, 7]
+    plain = SpeculativeEngine(toy_target).run(prompt, params, policy=FixedK(0)).tokens
+    policy = Guarded(GroupedK(6, 3), [LocalFallback()], name="grouped")
+    gen = SpeculativeEngine(toy_target, ModelDrafter(toy_draft)).run(prompt, params, policy=policy)
+    assert gen.tokens == plain
+    assert {s.verify_groups for s in gen.steps if s.drafted > 1} == {3}
+    assert all(s.verify_groups == 1 for s in gen.steps if s.drafted <= 1)
+    unwrapped = Guarded(FixedK(6), [], name="fixed")
+    assert unwrapped.verify_groups(6) is None  # no opinion: the engine's setting applies

@@ -47,9 +47,10 @@ __all__ = [
 
 @runtime_checkable
 class GroupedVerification(Protocol):
-    """A K policy that also chooses how many groups verification runs in (1: one pass)."""
+    """A K policy that also chooses how many groups verification runs in (1: one pass;
+    None: no preference, the engine's ``verify_groups`` setting applies)."""
 
-    def verify_groups(self, k: int) -> int: ...
+    def verify_groups(self, k: int) -> int | None: ...
 
 
 def group_bounds(k: int, groups: int) -> list[int]:

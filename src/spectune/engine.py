@@ -87,6 +87,7 @@ class StepRecord:
     step_time: float  # wall seconds for the whole step (draft + target + verify + bookkeeping)
     fallback: str | None = None  # why speculation was off or cut short this step, if it was
     finish_reason: str | None = None  # "eos" | "length" | "stop" once the request is done
+    verify_groups: int = 1  # target passes the verification took (chunked: > 1)
 
 
 @dataclass
@@ -269,6 +270,7 @@ class SpeculativeEngine:
                 step_time=time.perf_counter() - step_start,
                 fallback=fallback,
                 finish_reason=finish,
+                verify_groups=groups,
             )
             policy.observe(record)
             yield record
@@ -277,9 +279,8 @@ class SpeculativeEngine:
             index += 1
 
     def _groups(self, policy: KPolicy, k: int) -> int:
-        if isinstance(policy, GroupedVerification):
-            return max(1, int(policy.verify_groups(k)))
-        return self.verify_groups
+        choice = policy.verify_groups(k) if isinstance(policy, GroupedVerification) else None
+        return self.verify_groups if choice is None else max(1, int(choice))
 
     def _verify_chunked(
         self,

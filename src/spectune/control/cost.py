@@ -20,6 +20,14 @@ with every input measured on the running request:
   1 + prior (n - 1)). Plain steps measure n = 1, so a request that ever decodes plainly
   learns the intercept.
 
+Chunked verification (``spectune.chunked``): with ``max_verify_groups > 1`` the policy also
+chooses, for each K, the number of verification groups m with the lowest expected target
+cost (group j runs only if the draft survived the groups before it), and S(K) uses that
+cost in place of v(K). Chunking is taken only when it beats one pass by ``margin``; on a
+flat verification curve (a memory-bound CPU forward) it never does, since every group pays
+the forward's fixed cost again. Chunked steps split the target time over several passes,
+so they do not update the cost estimates (only alpha and the draft cost).
+
 K = 0 when no K beats plain decoding (the reason names alpha and c); while at 0 the policy
 probes with K = 1 every ``probe_every`` plain tokens to refresh alpha and c, so it comes
 back when the draft starts to pay. A new K is taken only when its predicted speedup
@@ -31,8 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from spectune.chunked import best_groups, expected_chunked_cost
 from spectune.control.base import PolicyState
-from spectune.costs import CostCurve, optimal_k, predicted_speedup
+from spectune.costs import CostCurve, expected_tokens_per_step
 from spectune.errors import InvalidParameterError
 
 if TYPE_CHECKING:
@@ -50,6 +59,7 @@ class CostConfig:
     probe_every: int = 32  # plain tokens between K = 1 probes while K = 0
     margin: float = 0.02  # a new K must beat the current K's predicted speedup by this
     verify_slope_prior: float = 0.05  # v(n) slope per token until two sizes are measured
+    max_verify_groups: int = 4  # chunked verification in up to this many groups (1: never)
 
     def __post_init__(self) -> None:
         from spectune.engine import MAX_K
@@ -61,6 +71,10 @@ class CostConfig:
             )
         if not 0.0 < self.smoothing <= 1.0:
             raise InvalidParameterError(f"smoothing must be in (0, 1], got {self.smoothing}")
+        if self.max_verify_groups < 1:
+            raise InvalidParameterError(
+                f"max_verify_groups must be >= 1, got {self.max_verify_groups}"
+            )
         if self.warmup_steps < 1 or self.probe_every < 1:
             raise InvalidParameterError("warmup_steps and probe_every must be >= 1")
         if self.margin < 0.0 or self.verify_slope_prior < 0.0:
@@ -141,7 +155,7 @@ class CostK:
         cfg = self.config
         w = cfg.smoothing
         tokens = record.drafted + 1  # the target's chunk: the pending token and the draft
-        if record.target_time > 0.0:
+        if record.target_time > 0.0 and record.verify_groups == 1:
             if self.cost_curve is not None:
                 one = record.target_time / self.cost_curve.relative(record.drafted)
                 self.target_one = _ewma(self.target_one, one, w)
@@ -162,13 +176,42 @@ class CostK:
         if self.speculative_steps >= cfg.warmup_steps:
             self._decide()
 
+    def _curve(self) -> CostCurve | None:
+        return self.cost_curve or self.learned.curve(self.config.max_k + 1)
+
+    def _groups(self, alpha: float, curve: CostCurve, k: int) -> int:
+        """The verification groups for k draft tokens: the cheapest expected, if it beats
+        one pass by the margin; else 1."""
+        cfg = self.config
+        if cfg.max_verify_groups <= 1 or k < 2:
+            return 1
+        groups = best_groups(curve, alpha, k, max_groups=cfg.max_verify_groups)
+        one_pass = curve.relative(k)
+        chunked = expected_chunked_cost(curve, alpha, k, groups)
+        return groups if chunked * (1.0 + cfg.margin) < one_pass else 1
+
+    def _speedup(self, alpha: float, cost: float, curve: CostCurve, k: int) -> float:
+        """S(k) with the verification the policy would choose for k (one pass or groups)."""
+        if k == 0:
+            return 1.0
+        verify = expected_chunked_cost(curve, alpha, k, self._groups(alpha, curve, k))
+        return expected_tokens_per_step(alpha, k) / (k * cost + verify)
+
+    def verify_groups(self, k: int) -> int | None:
+        """Chunked verification for this step's k, once alpha and the costs are known."""
+        alpha, curve = self.alpha, self._curve()
+        if alpha is None or curve is None or self.speculative_steps < self.config.warmup_steps:
+            return None
+        return self._groups(alpha, curve, k)
+
     def _decide(self) -> None:
         alpha, cost = self.alpha, self.draft_cost
-        curve = self.cost_curve or self.learned.curve(self.config.max_k + 1)
+        curve = self._curve()
         if alpha is None or cost is None or curve is None:
             return
-        best_k, best = optimal_k(alpha, cost, curve, max_k=self.config.max_k)
-        current = predicted_speedup(alpha, cost, curve, self.k)
+        speedups = {k: self._speedup(alpha, cost, curve, k) for k in range(self.config.max_k + 1)}
+        best_k = max(speedups, key=lambda k: (speedups[k], -k))
+        best, current = speedups[best_k], speedups[self.k]
         if best_k != self.k and best > current * (1.0 + self.config.margin):
             if best_k == 0:
                 self.plain_tokens = 0

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from spectune.chunked import GroupedVerification
 from spectune.control.base import KPolicy, PolicyState, ReportsState
 from spectune.costs import CostCurve
 from spectune.errors import InvalidParameterError
@@ -289,6 +290,11 @@ class Guarded:
         self.inner.observe(record)
         for check in self.checks:
             check.observe(record)
+
+    def verify_groups(self, k: int) -> int | None:
+        """The inner policy's choice of chunked verification, if it makes one."""
+        inner = self.inner
+        return inner.verify_groups(k) if isinstance(inner, GroupedVerification) else None
 
     @property
     def reason(self) -> str | None:
