@@ -67,10 +67,48 @@ def test_crossover_is_the_last_size_where_speculation_still_wins() -> None:
     assert crossover(mixed) == 1
 
 
-def test_batch_engine_reads_the_recorded_crossover(toy_target: LlamaLM) -> None:
-    assert load_crossover(toy_target.info) is None
-    assert BatchEngine(toy_target).speculate_max_batch is None
-    save_crossover(toy_target.info, 3, {"k": 4})
-    assert load_crossover(toy_target.info) == 3
-    assert BatchEngine(toy_target).speculate_max_batch == 3
-    assert BatchEngine(toy_target, speculate_max_batch=16).speculate_max_batch == 16
+def test_batch_engine_reads_the_recorded_crossover(toy_target: LlamaLM, toy_draft: LlamaLM) -> None:
+    draft_name = f"model:{toy_draft.info.name}"
+    assert load_crossover(toy_target.info, draft_name) is None
+    assert BatchEngine(toy_target, toy_draft).speculate_max_batch is None
+    save_crossover(toy_target.info, 3, {"ks": [4]}, draft=draft_name)
+    assert load_crossover(toy_target.info, draft_name) == 3
+    assert load_crossover(toy_target.info, "ngram") is None  # measured for another draft
+    assert BatchEngine(toy_target, toy_draft).speculate_max_batch == 3
+    assert BatchEngine(toy_target, "ngram").speculate_max_batch is None
+    assert BatchEngine(toy_target, toy_draft, speculate_max_batch=16).speculate_max_batch == 16
+    save_crossover(toy_target.info, 2, {})  # a draft-agnostic value covers other drafts
+    assert BatchEngine(toy_target, "ngram").speculate_max_batch == 2
+    assert BatchEngine(toy_target, toy_draft).speculate_max_batch == 3  # the specific wins
+
+
+def test_shipped_crossover_is_the_fallback(
+    toy_target: LlamaLM, toy_draft: LlamaLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import spectune.crossover as crossover_module
+
+    key = f"{toy_target.info.name}|{toy_target.info.num_parameters}|model:{toy_draft.info.name}"
+    monkeypatch.setattr(crossover_module, "_shipped", lambda: {key: {"speculate_max_batch": 4}})
+    assert BatchEngine(toy_target, toy_draft).speculate_max_batch == 4
+    save_crossover(toy_target.info, 1, {}, draft=f"model:{toy_draft.info.name}")
+    assert BatchEngine(toy_target, toy_draft).speculate_max_batch == 1  # this machine's first
+
+
+def test_unreadable_crossover_files_mean_not_measured(
+    toy_target: LlamaLM, private_cache: Path
+) -> None:
+    from spectune.crossover import crossover_path
+
+    crossover_path().parent.mkdir(parents=True, exist_ok=True)
+    for text in ("{not json", "[1, 2]", '{"toy-0|1|*": {"speculate_max_batch": "many"}}'):
+        crossover_path().write_text(text)
+        assert load_crossover(toy_target.info) is None
+
+
+def test_shipped_crossover_file_is_well_formed() -> None:
+    from spectune.crossover import _shipped
+
+    for key, entry in _shipped().items():
+        assert key.count("|") == 2, key
+        assert isinstance(entry["speculate_max_batch"], int)
+        assert entry["command"].startswith("spectune experiment batch"), key

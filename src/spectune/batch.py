@@ -128,8 +128,9 @@ class BatchEngine:
     objects, or None (plain decoding). ``capacity``: most tokens one sequence may hold
     (prompt + output).
     ``speculate_max_batch``: above this many active sequences every step is plain; None
-    reads the crossover ``spectune experiment batch`` measured for this target on this
-    machine (``spectune.crossover``), and speculates at every size if there is none.
+    reads the crossover ``spectune experiment batch`` measured for this target and draft
+    (``spectune.crossover``: this machine's, else the shipped one), and speculates at
+    every size if there is none.
     ``policy_factory`` makes each request's K policy (default: ``FixedK(4)`` with a
     draft, ``FixedK(0)`` without).
     """
@@ -163,11 +164,12 @@ class BatchEngine:
         self.capacity = min(capacity, self.cache.capacity - SLACK)
         if self.capacity < 2:
             raise InvalidParameterError("the target's context is too short to batch")
-        if speculate_max_batch is None:
-            speculate_max_batch = load_crossover(target.info)  # None: never measured
-        self.speculate_max_batch = speculate_max_batch
         self.policy_factory = policy_factory
         self.drafter = self._make_drafter(draft)
+        if speculate_max_batch is None and self.drafter is not None:
+            # None: never measured for this target and draft
+            speculate_max_batch = load_crossover(target.info, self.drafter.name)
+        self.speculate_max_batch = speculate_max_batch
         self.pad = target.info.pad_token_id or 0
         self._rows: list[_Sequence] = []  # index = cache row
         self._by_id: dict[str, _Sequence] = {}

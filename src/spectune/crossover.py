@@ -1,21 +1,34 @@
-"""The measured batch size above which speculation stops paying, per target, per machine.
+"""The measured batch size above which speculation stops paying, per target and draft.
 
 ``spectune experiment batch`` measures throughput with and without speculation at batch
 sizes 1..16 and records the largest size at which speculation still wins; ``BatchEngine``
-reads it when no ``speculate_max_batch`` is given, so speculation turns itself off above
-it. Stored as JSON under ``$SPECTUNE_CACHE`` (default ``~/.cache/spectune``, the same root
-as ``spectune.cache_dir``), keyed by the target's name and parameter count.
+(and so the server) reads it when no ``speculate_max_batch`` is given, so speculation turns
+itself off above it.
+
+Where it is looked up, first hit wins:
+1. this machine's measurements, JSON under ``$SPECTUNE_CACHE`` (default
+   ``~/.cache/spectune``, the root ``spectune.cache_dir`` uses too);
+2. the measurements shipped with spectune (``assets/crossover.json``: the embedded default
+   target with the shipped draft, measured on the 2-core CPU this project is built on;
+   each entry names the command that produced it).
+
+Keys: the target's name and parameter count, then the drafter's name (``|*`` for a value
+that holds whatever drafts: an older or a draft-agnostic measurement).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from spectune.models.base import ModelInfo
 
 __all__ = ["crossover_path", "load_crossover", "save_crossover"]
+
+ANY_DRAFT = "*"
 
 
 def crossover_path() -> Path:
@@ -23,32 +36,59 @@ def crossover_path() -> Path:
     return root / "batch_crossover.json"
 
 
-def _key(info: ModelInfo) -> str:
-    return f"{info.name}|{info.num_parameters}"
+def _key(info: ModelInfo, draft: str | None) -> str:
+    return f"{info.name}|{info.num_parameters}|{draft or ANY_DRAFT}"
 
 
-def load_crossover(info: ModelInfo) -> int | None:
-    """The recorded ``speculate_max_batch`` for this target, or None if never measured (or
-    the file is unreadable: a missing measurement must never stop decoding)."""
+def _read(text: str) -> dict[str, Any]:
     try:
-        data = json.loads(crossover_path().read_text(encoding="utf-8"))
-        value = data[_key(info)]["speculate_max_batch"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return value if isinstance(value, int) and value >= 0 else None
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
-def save_crossover(info: ModelInfo, speculate_max_batch: int, detail: dict[str, object]) -> Path:
-    """Record the crossover (atomically: a concurrent reader never sees half a file)."""
+def _lookup(data: dict[str, Any], info: ModelInfo, draft: str | None) -> int | None:
+    for key in dict.fromkeys((_key(info, draft), _key(info, None))):
+        entry = data.get(key)
+        value = entry.get("speculate_max_batch") if isinstance(entry, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
+def _shipped() -> dict[str, Any]:
+    try:
+        text = resources.files("spectune").joinpath("assets/crossover.json").read_text("utf-8")
+    except OSError:
+        return {}
+    return _read(text)
+
+
+def load_crossover(info: ModelInfo, draft: str | None = None) -> int | None:
+    """The recorded ``speculate_max_batch`` for this target and drafter, or None if never
+    measured (an unreadable file counts as none: a missing measurement never stops
+    decoding)."""
+    try:
+        local = _read(crossover_path().read_text(encoding="utf-8"))
+    except OSError:
+        local = {}
+    found = _lookup(local, info, draft)
+    return found if found is not None else _lookup(_shipped(), info, draft)
+
+
+def save_crossover(
+    info: ModelInfo, speculate_max_batch: int, detail: dict[str, object], draft: str | None = None
+) -> Path:
+    """Record the crossover on this machine (atomically: a concurrent reader never sees
+    half a file)."""
     path = crossover_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
+        data = _read(path.read_text(encoding="utf-8"))
+    except OSError:
         data = {}
-    data[_key(info)] = {"speculate_max_batch": speculate_max_batch, **detail}
+    data[_key(info, draft)] = {"speculate_max_batch": speculate_max_batch, **detail}
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
     tmp.replace(path)

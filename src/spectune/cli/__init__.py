@@ -7,6 +7,7 @@ one-line message and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # The command line as typed, for results files that name the command behind a figure.
+    args.command_line = "spectune " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
         status: int = args.run(args)
     except SpectuneError as exc:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
             settings=settings,
             budget=budget,
             heldout_sequences=args.heldout,
-            training_record={"command": "spectune " + shlex.join(sys.argv[1:])},
+            training_record={"command": args.command_line},
             resume=args.resume,
             refresh=refresh,
             on_step=on_step,

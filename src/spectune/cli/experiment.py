@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "setup": setup.description,
         "prompts": len(setup.prompts),
-        "command": "spectune experiment " + " ".join(sys.argv[2:]),
+        "command": args.command_line,
     }
     if args.which == "tree":
         report["tree_vs_chain"] = _tree(setup, args)
@@ -182,9 +181,12 @@ def _batch(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
     if setup.stand_in:
         print("not recorded: toy models or a stand-in draft say nothing about a real draft")
     elif not args.no_save:
-        path = save_crossover(
-            setup.target.info, best, {"ks": list(args.k), "sizes": list(args.sizes)}
-        )
+        detail: dict[str, object] = {
+            "ks": list(args.k),
+            "sizes": list(args.sizes),
+            "command": args.command_line,
+        }
+        path = save_crossover(setup.target.info, best, detail, draft=setup.draft.name)
         print(f"recorded for BatchEngine in {path}")
         result["saved_to"] = str(path)
     return result

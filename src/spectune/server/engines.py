@@ -117,7 +117,9 @@ def build_engine(
             draft.factory(),
             max_batch=settings.max_batch,
             # As BatchEngine: without a limit, the crossover measured on this machine.
-            speculate_max_batch=limit if limit is not None else load_crossover(target.info),
+            speculate_max_batch=(
+                limit if limit is not None else load_crossover(target.info, draft.name)
+            ),
             policy_factory=policies,
         )
         return engine, policies, context
