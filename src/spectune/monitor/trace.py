@@ -138,7 +138,14 @@ def _record(event: dict[str, Any]) -> StepRecord:
         step_time=float(event["step_time"]),
         fallback=event.get("fallback"),
         finish_reason=event.get("finish_reason"),
+        verify_groups=_groups(event.get("verify_groups", 1)),  # absent in older traces
     )
+
+
+def _groups(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError("verify_groups must be a positive integer")
+    return value
 
 
 def read_trace(path: str | Path) -> list[TraceRequest]:
