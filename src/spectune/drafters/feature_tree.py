@@ -84,7 +84,8 @@ class FeatureTreeDrafter(TreeGrower):
         for i, node in enumerate(chunk):
             self._node_features[node] = features[0, i]
         tree.chunk = chunk
-        return self.drafter.vocab_logits(features[0])
+        # The output rows only for the nodes asked about (the vocabulary matmul dominates).
+        return self.drafter.vocab_logits(features[0, [chunk.index(n) for n in nodes]])
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Keep the target states of the accepted path; no draft-cache compaction (see the

@@ -112,8 +112,8 @@ class TreeGrower(ABC):
     """Grows token trees (see the module docstring); subclasses say how nodes are scored.
 
     ``_root_logits`` brings the drafter to the context and scores the first draft token;
-    ``_score`` scores the children of some nodes in one forward and records the forward's
-    chunk in ``tree.chunk``.
+    ``_score`` scores the children of some nodes in one forward (over them and their
+    ancestors) and records that forward's chunk in ``tree.chunk``.
     """
 
     name: str
@@ -133,8 +133,7 @@ class TreeGrower(ABC):
 
     @abstractmethod
     def _score(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
-        """[len(tree.chunk), vocab] logits of the children of each node of the chunk
-        (``nodes`` with their ancestors)."""
+        """[len(nodes), vocab] logits of the children of each of ``nodes``, in order."""
 
     def propose(
         self,
@@ -203,8 +202,9 @@ class TreeGrower(ABC):
             expand = [i for i in ranked[: shape.width] if tree.path_probs[i] >= shape.min_path_prob]
             if not expand:
                 return
+            expand = sorted(expand)
             logits = self._score(tree, expand)
-            frontier = [(i, distribution(logits[tree.chunk.index(i)])) for i in sorted(expand)]
+            frontier = [(i, distribution(row)) for i, row in zip(expand, logits, strict=True)]
 
     def _grow_best_first(
         self,
@@ -237,8 +237,8 @@ class TreeGrower(ABC):
             ]
             if scorable:
                 logits = self._score(tree, scorable)
-                for c in scorable:
-                    known[c] = distribution(logits[tree.chunk.index(c)])
+                for c, row in zip(scorable, logits, strict=True):
+                    known[c] = distribution(row)
 
     @staticmethod
     def _children(
@@ -292,7 +292,7 @@ class TreeDrafter(SyncedModelCache, TreeGrower):
             chunk_mask=mask,
         )
         tree.chunk = chunk
-        return out.logits[0]
+        return out.logits[0, [chunk.index(n) for n in nodes]]
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Compact the accepted path's draft entries from the last forward into place."""
