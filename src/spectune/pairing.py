@@ -24,8 +24,7 @@ from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.tree import TreeDrafter, TreeGrower, TreeShape
 from spectune.errors import IncompatibleModelsError, InvalidParameterError
-from spectune.models.base import LanguageModel, ModelInfo
-from spectune.models.llama import LlamaLM
+from spectune.models.base import LanguageModel, ModelInfo, takes_tree_masks
 from spectune.models.loading import load_model, resolve_model_path
 from spectune.tokenizer import Tokenizer, load_tokenizer
 
@@ -157,17 +156,21 @@ def tree_drafter_for(
 ) -> TreeGrower:
     """The tree-drafting form of a chain drafter: a draft model's or a feature head's.
 
-    Trees need tree attention masks, which only the native runtime takes (target and a
-    draft model); a feature head is native by construction.
+    Target and draft model must take tree attention masks (``takes_tree_masks``: the native
+    runtime, or a full-attention model through transformers); a feature head always does.
     """
-    if not isinstance(target, LlamaLM):
-        raise InvalidParameterError("token trees need the native runtime for the target")
+    if not takes_tree_masks(target):
+        raise InvalidParameterError(
+            f"token trees: {target.info.name} cannot take a tree attention mask in this "
+            "runtime (--runtime native can)"
+        )
     if isinstance(drafter, FeatureDrafter):
         return FeatureTreeDrafter(drafter, shape)
     if isinstance(drafter, ModelDrafter):
-        if not isinstance(drafter.model, LlamaLM) or drafter.vocab_subset is not None:
+        if not takes_tree_masks(drafter.model) or drafter.vocab_subset is not None:
             raise InvalidParameterError(
-                "token trees need a native, full-vocabulary draft model (--runtime native)"
+                "token trees need a full-vocabulary draft model that takes tree attention "
+                "masks (--runtime native)"
             )
         return TreeDrafter(drafter.model, shape)
     raise InvalidParameterError("token trees need a draft model or a feature-head draft")

@@ -21,7 +21,13 @@ from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.model import ModelDrafter
 from spectune.engine import SpeculativeEngine
 from spectune.errors import InvalidParameterError
-from spectune.models.base import KVCache, LanguageModel, ModelInfo, ModelOutput
+from spectune.models.base import (
+    KVCache,
+    LanguageModel,
+    ModelInfo,
+    ModelOutput,
+    takes_tree_masks,
+)
 from spectune.models.llama import LlamaLM, LlamaTransformer
 from spectune.models.toy import perturbed, toy_config, toy_model
 from spectune.sampling import SamplingParams
@@ -112,6 +118,10 @@ class CountingModel:
     @property
     def info(self) -> ModelInfo:
         return self.model.info
+
+    @property
+    def tree_masks(self) -> bool:
+        return takes_tree_masks(self.model)
 
     def new_cache(self, batch_size: int = 1, capacity: int | None = None) -> KVCache:
         return self.model.new_cache(batch_size, capacity)

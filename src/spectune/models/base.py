@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
-__all__ = ["KVCache", "LanguageModel", "ModelInfo", "ModelOutput"]
+__all__ = ["KVCache", "LanguageModel", "ModelInfo", "ModelOutput", "takes_tree_masks"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +84,11 @@ class LanguageModel(Protocol):
         positions: Tensor | None = None,  # [batch, chunk] int64, default: slot index
         chunk_mask: Tensor | None = None,  # [batch, chunk, chunk] bool, default: causal
     ) -> ModelOutput: ...
+
+
+def takes_tree_masks(model: LanguageModel) -> bool:
+    """Whether ``model.forward`` honours ``positions`` and ``chunk_mask`` (token trees) and
+    its caches can compact a path (``move_slots``). A model says so with ``tree_masks =
+    True``: the native runtime always, the transformers adapter for full-attention models
+    (see ``spectune.models.hf``)."""
+    return bool(getattr(model, "tree_masks", False))

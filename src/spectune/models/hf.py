@@ -1,7 +1,15 @@
 """Adapter: any transformers ``AutoModelForCausalLM`` as a spectune ``LanguageModel``.
 
-Rollback goes through ``DynamicCache.crop``. Ragged batches and tree masks are a native-
-runtime feature: this adapter decodes one sequence per cache and a causal chunk.
+Rollback goes through ``DynamicCache.crop``. Ragged batches are a native-runtime feature:
+this adapter decodes one sequence per cache.
+
+Token trees: transformers passes a ready 4-D attention mask straight to the attention
+kernel (``masking_utils``: "already prepared, or custom"), so a tree's ancestor mask goes in
+as an additive float mask over [prefix, chunk] with the tree's depth positions as
+``position_ids``, and the accepted path is compacted by copying its keys and values down
+(``move_slots``). That holds for models whose every layer attends to the full context with
+the eager or SDPA kernels (``tree_masks``); sliding-window layers (Gemma 3, Mistral) would
+lose their window under a custom mask, so such models say they cannot take trees.
 """
 
 from __future__ import annotations
@@ -49,6 +57,15 @@ class HFCache:
             self.inner.crop(length - self._length)
         self._length = length
 
+    @torch.inference_mode()  # the tensors were made in inference mode by ``forward``
+    def move_slots(self, row: int, src: Tensor, dst_start: int) -> None:
+        """Copy the entries at positions ``src`` [n] to ``dst_start..dst_start+n-1`` (tree
+        compaction; ``src`` ascends and never lies below its destination)."""
+        dst = torch.arange(dst_start, dst_start + src.shape[0])
+        for layer in self.inner.layers:
+            layer.keys[:, :, dst] = layer.keys[:, :, src]  # [1, kv_heads, length, head_dim]
+            layer.values[:, :, dst] = layer.values[:, :, src]
+
 
 class HFModel:
     def __init__(self, model: Any, name: str) -> None:
@@ -75,6 +92,12 @@ class HFModel:
             num_parameters=sum(p.numel() for p in model.parameters()),
             hidden_size=int(text_cfg.hidden_size),
         )
+        layer_types = getattr(text_cfg, "layer_types", None) or ()
+        self.tree_masks = (
+            getattr(cfg, "_attn_implementation", None) in ("eager", "sdpa")
+            and getattr(text_cfg, "sliding_window", None) is None
+            and all(kind == "full_attention" for kind in layer_types)
+        )
 
     @property
     def info(self) -> ModelInfo:
@@ -96,15 +119,18 @@ class HFModel:
     ) -> ModelOutput:
         if not isinstance(cache, HFCache):
             raise TypeError("HFModel decodes against the HFCache it created")
-        if chunk_mask is not None:
-            raise NotImplementedError(
-                "tree attention masks need the native runtime; this transformers model "
-                "is decoded as a chain"
-            )
         chunk = tokens.shape[1]
         start = cache.length()
         if start + chunk > cache.capacity:
             raise PromptError(f"sequence would exceed the context of {cache.capacity} tokens")
+        extra: dict[str, Any] = {}
+        if chunk_mask is not None:
+            if not self.tree_masks:
+                raise NotImplementedError(
+                    f"{self._info.name} cannot take a tree attention mask through transformers "
+                    "(sliding-window or non-eager/SDPA attention); use the native runtime"
+                )
+            extra["attention_mask"] = self._tree_mask(start, chunk_mask)
         cache_position = torch.arange(start, start + chunk)
         out = self.model(
             input_ids=tokens,
@@ -113,9 +139,19 @@ class HFModel:
             position_ids=(cache_position[None] if positions is None else positions),
             output_hidden_states=True,
             **{self._cache_arg: cache.inner},
+            **extra,
         )
         cache._length = start + chunk
         return ModelOutput(logits=out.logits, hidden=out.hidden_states[-1])
+
+    def _tree_mask(self, start: int, chunk_mask: Tensor) -> Tensor:
+        """[1, chunk, chunk] bool (True = may attend) -> [1, 1, chunk, start + chunk] additive
+        float mask: the prefix is visible to every query, the chunk as the tree allows."""
+        chunk = chunk_mask.shape[-1]
+        visible = torch.ones(1, 1, chunk, start + chunk, dtype=torch.bool)
+        visible[0, 0, :, start:] = chunk_mask[0]
+        dtype = self.model.dtype
+        return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
 
 
 def load_hf_model(path: Path, *, dtype: torch.dtype = torch.float32) -> HFModel:

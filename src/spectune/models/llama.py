@@ -230,6 +230,8 @@ def attention_mask(
 class LlamaLM:
     """``LanguageModel`` over a ``LlamaTransformer`` with a ``StaticKVCache``."""
 
+    tree_masks = True  # positions and chunk masks (token trees), see ``attention_mask``
+
     def __init__(self, net: LlamaTransformer, *, name: str | None = None) -> None:
         self.net = net.eval()
         cfg = net.cfg
