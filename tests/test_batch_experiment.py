@@ -28,7 +28,7 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             ["tree", "--budgets", "4", "--temperatures", "0,0.7", "--max-tokens", "8"],
             "tree_vs_chain",
         ),
-        (["batch", "--sizes", "1,2", "-k", "1,3", "--max-tokens", "6"], "points"),
+        (["batch", "--sizes", "1,2", "-k", "1,3", "--max-tokens", "6", "--repeats", "2"], "points"),
         (["chunked", "--ks", "4", "--groups", "2", "--max-tokens", "8"], "rows"),
     ],
 )

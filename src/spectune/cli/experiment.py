@@ -68,6 +68,9 @@ def register(subparsers: Any) -> None:
         "-k", "--k", type=_ints, default=(1, 4), help="draft tokens per step to try (batch)"
     )
     batch.add_argument("--no-save", action="store_true", help="do not record the crossover")
+    batch.add_argument(
+        "--repeats", type=int, default=3, help="rounds per batch size; the median run counts"
+    )
     chunked = parser.add_argument_group("chunked")
     chunked.add_argument("--ks", type=_ints, default=(4, 8))
     chunked.add_argument("--groups", type=_ints, default=(2,))
@@ -78,6 +81,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.per_category < 1:
         raise InvalidParameterError("--per-category must be >= 1")
+    if args.which == "batch" and args.repeats < 1:
+        raise InvalidParameterError("--repeats must be >= 1")
     if args.threads is not None:
         if args.threads < 1:
             raise InvalidParameterError("--threads must be >= 1")
@@ -157,7 +162,9 @@ def _batch(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
     from spectune.crossover import save_crossover
     from spectune.experiments.batching import batch_sweep, crossover
 
-    points = batch_sweep(setup, args.sizes, ks=args.k, max_tokens=args.max_tokens or 32)
+    points = batch_sweep(
+        setup, args.sizes, ks=args.k, max_tokens=args.max_tokens or 32, repeats=args.repeats
+    )
     best = crossover(points)
     rows = []
     for size in args.sizes:
@@ -183,6 +190,7 @@ def _batch(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
     elif not args.no_save:
         detail: dict[str, object] = {
             "ks": list(args.k),
+            "repeats": args.repeats,
             "sizes": list(args.sizes),
             "command": args.command_line,
         }

@@ -108,12 +108,22 @@ def batch_sweep(
     ks: Sequence[int] = (1, 4),
     max_tokens: int = 32,
     temperature: float = 0.0,
+    repeats: int = 1,
 ) -> list[BatchPoint]:
-    """Plain and every K at every size; they alternate so machine drift hits all of them."""
+    """Plain and every K at every size; they alternate so machine drift hits all of them.
+    With ``repeats`` > 1 each size runs that many rounds of all its configurations, and a
+    configuration keeps its median-throughput run."""
     points: list[BatchPoint] = []
     for size in sizes:
-        for k in (0, *ks):
-            points.append(
-                batch_throughput(setup, size, k=k, max_tokens=max_tokens, temperature=temperature)
-            )
+        runs: dict[int, list[BatchPoint]] = {k: [] for k in (0, *ks)}
+        for _ in range(repeats):
+            for k in runs:
+                runs[k].append(
+                    batch_throughput(
+                        setup, size, k=k, max_tokens=max_tokens, temperature=temperature
+                    )
+                )
+        for measured in runs.values():
+            ranked = sorted(measured, key=lambda p: p.tokens_per_second)
+            points.append(ranked[len(ranked) // 2])
     return points
