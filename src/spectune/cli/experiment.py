@@ -124,7 +124,7 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 
 
 def _tree(setup: Setup, args: argparse.Namespace) -> list[dict[str, object]]:
-    from spectune.experiments.trees import tree_vs_chain
+    from spectune.experiments.trees import speedup, tree_vs_chain
 
     results = tree_vs_chain(
         setup,
@@ -135,11 +135,11 @@ def _tree(setup: Setup, args: argparse.Namespace) -> list[dict[str, object]]:
         max_tokens=args.max_tokens or 32,
     )
     rows: list[list[Any]] = []
-    shown = None
+    shown: list[object] = []
     for r in results:
-        stats_rows = [r.tree] if r.chain is shown else [r.chain, r.tree]
-        shown = r.chain
-        for stats in stats_rows:
+        stats_rows = [s for s in (r.plain, r.chain) if not any(s is x for x in shown)]
+        shown += stats_rows
+        for stats in [*stats_rows, r.tree]:
             rows.append(
                 [
                     r.temperature,
@@ -147,12 +147,14 @@ def _tree(setup: Setup, args: argparse.Namespace) -> list[dict[str, object]]:
                     stats.target_tokens_per_step,
                     stats.mean_accepted_length,
                     stats.tokens_per_second,
+                    f"{speedup(stats, r.plain):.2f}x",
                 ]
             )
-        rows.append(["", "tree gain", "", f"{r.accepted_length_gain:+.1%}", f"{r.speed_gain:+.1%}"])
+        gains = [f"{r.accepted_length_gain:+.1%}", f"{r.speed_gain:+.1%}", ""]
+        rows.append(["", "tree vs chain", "", *gains])
     _table(
         f"Tree vs chain at equal target cost ({setup.description})",
-        ["T", "drafter", "target tokens/step", "mean accepted length", "tokens/s"],
+        ["T", "drafter", "target tokens/step", "mean accepted length", "tokens/s", "vs plain"],
         rows,
     )
     return [r.as_dict() for r in results]

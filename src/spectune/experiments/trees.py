@@ -3,7 +3,8 @@
 For a node budget n, the chain drafts K = n tokens and the tree drafts n nodes (width w,
 depth up to n): both make the target forward n + 1 tokens per step, so any gain in mean
 accepted length is the tree's. Reported per temperature: mean accepted length (tokens
-per step), tokens/s, and target tokens per step (to show the costs really were equal).
+per step), tokens/s, and target tokens per step (to show the costs really were equal),
+with plain decoding of the same prompts as the baseline both are measured against.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from spectune.experiments.common import DecodeStats, Setup, decode_prompts
 from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
 
-__all__ = ["TreeComparison", "tree_vs_chain"]
+__all__ = ["TreeComparison", "speedup", "tree_vs_chain"]
+
+
+def speedup(stats: DecodeStats, baseline: DecodeStats) -> float:
+    """Tokens/s of ``stats`` over the baseline's (0 when the baseline has none)."""
+    base = baseline.tokens_per_second
+    return stats.tokens_per_second / base if base else 0.0
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,7 @@ class TreeComparison:
     width: int  # the tree's children per expanded node
     chain: DecodeStats
     tree: DecodeStats
+    plain: DecodeStats  # the same prompts without speculation (shared per temperature)
 
     @property
     def accepted_length_gain(self) -> float:
@@ -45,8 +53,11 @@ class TreeComparison:
             "width": self.width,
             "chain": self.chain.as_dict(),
             "tree": self.tree.as_dict(),
+            "plain": self.plain.as_dict(),
             "accepted_length_gain": round(self.accepted_length_gain, 4),
             "speed_gain": round(self.speed_gain, 4),
+            "chain_vs_plain": round(speedup(self.chain, self.plain), 4),
+            "tree_vs_plain": round(speedup(self.tree, self.plain), 4),
         }
 
 
@@ -60,10 +71,12 @@ def tree_vs_chain(
     max_tokens: int = 48,
     seed: int = 0,
 ) -> list[TreeComparison]:
-    """One chain run per (temperature, budget), compared with a tree of every width."""
+    """One chain run per (temperature, budget), compared with a tree of every width, and
+    one plain run per temperature."""
     results: list[TreeComparison] = []
     for temperature in temperatures:
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+        plain = decode_prompts(setup, "plain", lambda: None, params, 0, seed=seed)
         for budget in budgets:
             chain = decode_prompts(
                 setup, f"chain K={budget}", setup.fresh_drafter, params, budget, seed=seed
@@ -80,5 +93,5 @@ def tree_vs_chain(
                     budget,
                     seed=seed,
                 )
-                results.append(TreeComparison(temperature, budget, width, chain, tree))
+                results.append(TreeComparison(temperature, budget, width, chain, tree, plain))
     return results
