@@ -112,3 +112,17 @@ def test_shipped_crossover_file_is_well_formed() -> None:
         assert key.count("|") == 2, key
         assert isinstance(entry["speculate_max_batch"], int)
         assert entry["command"].startswith("spectune experiment batch"), key
+
+
+@pytest.mark.slow
+def test_the_default_target_with_the_shipped_draft_has_a_shipped_crossover(smollm2) -> None:  # type: ignore[no-untyped-def]
+    """On a fresh machine (no measurement of its own) the batch engine still turns
+    speculation off above the crossover measured on this project's CPU."""
+    from spectune.crossover import _shipped
+
+    key = f"{smollm2.model.info.name}|{smollm2.model.info.num_parameters}|feature:smollm2-draft"
+    assert key in _shipped(), "the shipped crossover no longer matches the default target"
+    assert (
+        load_crossover(smollm2.model.info, "feature:smollm2-draft")
+        == (_shipped()[key]["speculate_max_batch"])
+    )
