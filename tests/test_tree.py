@@ -334,3 +334,31 @@ def test_cli_tree_options_need_a_native_draft_model(
             toy_target,
             argparse.Namespace(tree_width=0, tree_nodes=8, tree_min_prob=0.0),
         )
+
+
+def test_tree_steps_measure_acceptance_along_the_path(
+    toy_target: LlamaLM, toy_draft: LlamaLM
+) -> None:
+    """A tree keeps at most its depth in tokens, so acceptance is accepted / depth (the
+    positions tested), not accepted / nodes: else wide trees would always look bad to the
+    controllers and the monitors."""
+    from spectune.control.fallback import LocalFallback
+    from spectune.engine import StepRecord
+
+    gen = SpeculativeEngine(toy_target, TreeDrafter(toy_draft, TreeShape(3, 16))).run(
+        [1, 5, 9, 13, 7], SamplingParams(max_tokens=40), policy=FixedK(3)
+    )
+    trees = [s for s in gen.steps if s.drafted]
+    assert trees and all(s.tree_depth is not None and s.positions == s.tree_depth for s in trees)
+    assert all(s.accepted <= s.positions <= min(3, s.drafted) for s in trees)
+    assert any(s.positions < s.drafted for s in trees)  # wider than deep: the case at hand
+    assert gen.acceptance_rate == sum(s.accepted for s in trees) / sum(s.positions for s in trees)
+    chain = StepRecord(0, 4, 4, 2, (1, 2, 3), 0.0, 0.0, 0.0)
+    assert chain.positions == 4 and chain.tree_depth is None
+
+    # Eight nodes, depth 2, both kept: a perfect step, not a 25% one.
+    fallback = LocalFallback()
+    perfect_tree = StepRecord(0, 2, 8, 2, (1, 2, 3), 0.0, 0.0, 0.0, tree_depth=2)
+    for _ in range(10):
+        fallback.observe(perfect_tree)
+    assert fallback.check() is None

@@ -88,6 +88,14 @@ class StepRecord:
     fallback: str | None = None  # why speculation was off or cut short this step, if it was
     finish_reason: str | None = None  # "eos" | "length" | "stop" once the request is done
     verify_groups: int = 1  # target passes the verification took (chunked: > 1)
+    tree_depth: int | None = None  # a tree draft's longest path; None for a chain
+
+    @property
+    def positions(self) -> int:
+        """Draft positions tested along one path: a chain's length, a tree's depth. The
+        denominator of acceptance: a tree of 8 nodes and depth 2 can keep 2 tokens at
+        most, so accepted / drafted would understate how well it did."""
+        return self.drafted if self.tree_depth is None else self.tree_depth
 
 
 @dataclass
@@ -110,7 +118,9 @@ class Generation:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        """Accepted draft tokens over the draft positions tested (``StepRecord.positions``)."""
+        positions = sum(s.positions for s in self.steps)
+        return self.accepted / positions if positions else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -271,6 +281,11 @@ class SpeculativeEngine:
                 fallback=fallback,
                 finish_reason=finish,
                 verify_groups=groups,
+                tree_depth=(
+                    None
+                    if draft.parents is None
+                    else max(tree_depths(draft.parents.tolist()), default=0)
+                ),
             )
             policy.observe(record)
             yield record

@@ -166,7 +166,7 @@ class CostK:
             if record.k == 0:
                 self.plain_tokens += len(record.emitted)
             return
-        rejected = 1 if record.accepted < record.drafted else 0
+        rejected = 1 if record.accepted < record.positions else 0
         self.accepted = (1.0 - w) * self.accepted + w * record.accepted
         self.tested = (1.0 - w) * self.tested + w * (record.accepted + rejected)
         self.draft_token_time = _ewma(self.draft_token_time, record.draft_time / record.drafted, w)

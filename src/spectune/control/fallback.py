@@ -128,7 +128,7 @@ class LocalFallback:
                 self.probe_seen = self.probe_drafted = self.probe_accepted = 0
         elif self.phase == "probe":
             self.probe_seen += 1
-            self.probe_drafted += record.drafted
+            self.probe_drafted += record.positions
             self.probe_accepted += record.accepted
             if self.probe_seen >= cfg.probe_steps:
                 rate = self.probe_accepted / self.probe_drafted if self.probe_drafted else 0.0
@@ -137,7 +137,7 @@ class LocalFallback:
                 else:
                     self._trigger(f"probe acceptance {rate:.0%} below {cfg.below:.0%}")
         elif record.drafted > 0:
-            if record.accepted / record.drafted < cfg.below:
+            if record.accepted / record.positions < cfg.below:
                 self.bad_run += 1
                 if self.bad_run >= cfg.bad_steps:
                     self._trigger(

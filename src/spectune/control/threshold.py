@@ -89,7 +89,7 @@ class ThresholdK:
         if record.drafted == 0:
             return  # a plain (or empty-draft) step says nothing about acceptance
         cfg = self.config
-        self.window.append((record.drafted, record.accepted))
+        self.window.append((record.positions, record.accepted))
         if len(self.window) < cfg.window:
             return
         drafted = sum(d for d, _ in self.window)

@@ -54,7 +54,9 @@ class PrometheusExporter:
             return Histogram(f"{PREFIX}_{name}", doc, buckets=TIME_BUCKETS, registry=reg)
 
         self.steps = counter("num_steps", "Decoding steps (speculative or plain).")
-        self.drafted = counter("num_draft_tokens", "Draft tokens proposed.")
+        self.drafted = counter(
+            "num_draft_tokens", "Draft tokens tested (a token tree counts its depth)."
+        )
         self.accepted = counter("num_accepted_tokens", "Draft tokens accepted by the target.")
         self.emitted = counter("num_emitted_tokens", "Tokens emitted (after truncation).")
         self.requests = counter("requests", "Requests monitored.")

@@ -66,7 +66,7 @@ class StepNumbers:
     """One record reduced to what the counters need."""
 
     k: int
-    drafted: int
+    drafted: int  # draft positions tested (``StepRecord.positions``: a tree counts its depth)
     accepted: int
     emitted: int
     draft_time: float
@@ -80,7 +80,7 @@ class StepNumbers:
         kind = fallback_kind(record.fallback)
         return cls(
             k=record.k,
-            drafted=record.drafted,
+            drafted=record.positions,  # positions tested: a tree counts its depth
             accepted=record.accepted,
             emitted=len(record.emitted),
             draft_time=record.draft_time,

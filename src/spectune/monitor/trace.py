@@ -139,7 +139,14 @@ def _record(event: dict[str, Any]) -> StepRecord:
         fallback=event.get("fallback"),
         finish_reason=event.get("finish_reason"),
         verify_groups=_groups(event.get("verify_groups", 1)),  # absent in older traces
+        tree_depth=_depth(event.get("tree_depth")),
     )
+
+
+def _depth(value: Any) -> int | None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ValueError("tree_depth must be a non-negative integer or null")
+    return value
 
 
 def _groups(value: Any) -> int:

@@ -33,7 +33,7 @@ class SpeculationUsage:
     """Speculation statistics of one request (counts; rates are derived)."""
 
     steps: int
-    drafted: int
+    drafted: int  # draft positions tested (a tree counts its depth, not its nodes)
     accepted: int
     completion_tokens: int
     fallbacks: int  # steps that ran without (or with cut-short) speculation, and why
@@ -69,7 +69,7 @@ class TextAssembler:
         """Take one step; ``finish_reason`` is set when the request is done (by the engine,
         or here by a stop string: the caller must then cancel it in the engine)."""
         self._steps += 1
-        self._drafted += record.drafted
+        self._drafted += record.positions  # draft positions tested (a tree: its depth)
         self._accepted += record.accepted
         if record.fallback is not None:
             self._fallbacks += 1
