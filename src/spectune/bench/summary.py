@@ -6,7 +6,8 @@ Glossary (per system, dtype, temperature and category; ``all`` pools every promp
                       over repetitions.
 - speedup             median tokens/s over that of spectune plain decoding (x plain) and of
                       transformers' generate() (x HF), same dtype, temperature, category.
-- acceptance rate     accepted / drafted draft tokens.
+- acceptance rate     accepted / drafted draft tokens (a token tree counts its depth:
+                      the most one step can keep, ``StepRecord.positions``).
 - accepted length     new tokens per target forward (accepted tokens plus the target's own).
 - draft share         drafting time / decode time (spectune) or / call time (transformers).
 - fallback rate       steps with a fallback reason / steps (spectune).

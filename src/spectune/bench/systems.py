@@ -61,7 +61,7 @@ class CallResult:
     tokens: tuple[int, ...]  # new tokens, EOS included when generated
     seconds: float  # wall time of the whole call, prefill included
     target_calls: int  # target forwards that emitted tokens (engine steps; HF: all calls)
-    drafted: int | None  # draft tokens proposed
+    drafted: int | None  # draft positions tested (a chain: tokens drafted; a tree: its depth)
     accepted: int | None  # draft tokens the target kept
     draft_seconds: float | None  # time spent drafting
     decode_seconds: float | None = None  # time in decode steps (spectune only)
@@ -121,7 +121,8 @@ class SpectuneSystem:
             tokens=tuple(gen.tokens),
             seconds=seconds,
             target_calls=len(gen.steps),
-            drafted=gen.drafted if speculative else None,
+            # Positions tested (a tree counts its depth), the acceptance denominator.
+            drafted=sum(s.positions for s in gen.steps) if speculative else None,
             accepted=gen.accepted if speculative else None,
             draft_seconds=sum(s.draft_time for s in gen.steps) if speculative else None,
             decode_seconds=gen.decode_time,
