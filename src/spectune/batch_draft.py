@@ -19,9 +19,11 @@ sequence samples.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from functools import partial
+from typing import Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -38,8 +40,31 @@ __all__ = [
     "BatchModelDrafter",
     "DraftRequest",
     "PerSequenceDrafters",
+    "forward_row",
     "forward_rows",
+    "propose_ready",
+    "ragged_forward",
+    "row_view",
 ]
+
+T = TypeVar("T")
+
+
+@contextmanager
+def row_view(cache: KVCache, start: int, stop: int) -> Iterator[KVCache]:
+    """Rows ``[start, stop)`` of ``cache`` as a cache of their own, their lengths written back
+    on exit. The whole cache is itself (a cache that is not a ``StaticKVCache`` holds one
+    sequence and can only be used whole)."""
+    if start == 0 and stop == cache.batch_size:
+        yield cache
+        return
+    if not isinstance(cache, StaticKVCache):
+        raise TypeError("row views need the native runtime's StaticKVCache")
+    view = cache.rows(start, stop)
+    try:
+        yield view
+    finally:
+        cache.lengths[start:stop] = view.lengths
 
 
 def forward_rows(
@@ -50,19 +75,9 @@ def forward_rows(
     positions: Tensor | None = None,  # [num_rows, chunk] int64
     chunk_mask: Tensor | None = None,  # [num_rows, chunk, chunk] bool
 ) -> ModelOutput:
-    """Forward the leading ``num_rows`` rows of ``cache`` only (the active sequences).
-
-    A cache that is not a ``StaticKVCache`` holds one sequence; it is forwarded whole.
-    """
-    if num_rows == cache.batch_size:
-        return model.forward(tokens, cache, positions=positions, chunk_mask=chunk_mask)
-    if not isinstance(cache, StaticKVCache):
-        raise TypeError("row views need the native runtime's StaticKVCache")
-    view = cache.rows(0, num_rows)
-    try:
+    """Forward the leading ``num_rows`` rows of ``cache`` only (the active sequences)."""
+    with row_view(cache, 0, num_rows) as view:
         return model.forward(tokens, view, positions=positions, chunk_mask=chunk_mask)
-    finally:
-        cache.lengths[:num_rows] = view.lengths
 
 
 def forward_row(
@@ -72,15 +87,36 @@ def forward_row(
     tokens: Tensor,  # [1, chunk] int64
 ) -> ModelOutput:
     """Forward one row of ``cache`` (a prefill for a sequence joining the batch)."""
-    if cache.batch_size == 1:
-        return model.forward(tokens, cache)
-    if not isinstance(cache, StaticKVCache):
-        raise TypeError("row views need the native runtime's StaticKVCache")
-    view = cache.rows(row, row + 1)
-    try:
+    with row_view(cache, row, row + 1) as view:
         return model.forward(tokens, view)
-    finally:
-        cache.lengths[row] = view.lengths[0]
+
+
+def ragged_forward(
+    cache: KVCache, num_rows: int, used: Sequence[int], forward: Callable[[KVCache], T]
+) -> T:
+    """Run ``forward`` over the leading ``num_rows`` rows, each given a padded chunk of which
+    only ``used[row]`` tokens are real, then truncate every row back to its length before
+    plus ``used[row]``: the padding is forgotten (causal attention kept the real tokens
+    blind to it, since it comes after them)."""
+    before = [cache.length(row) for row in range(num_rows)]
+    with row_view(cache, 0, num_rows) as view:
+        out = forward(view)
+    for row in range(num_rows):
+        cache.truncate(before[row] + used[row], row)
+    return out
+
+
+def propose_ready(
+    requests: Sequence[DraftRequest],
+    refuse: Callable[[DraftRequest], Draft | str | None],
+    draft: Callable[[list[DraftRequest]], list[Draft]],
+) -> list[Draft | str]:
+    """One answer per request, in order: what ``refuse`` says for a request it turns away
+    (a reason, or an empty draft), else its draft from one ``draft`` call over the rest."""
+    answers = [refuse(req) for req in requests]
+    ready = [req for req, answer in zip(requests, answers, strict=True) if answer is None]
+    drafts = iter(draft(ready) if ready else [])
+    return [next(drafts) if answer is None else answer for answer in answers]
 
 
 @dataclass(frozen=True)
@@ -201,18 +237,10 @@ class BatchModelDrafter:
         """Nothing to do eagerly: the next ``propose`` syncs the row to ``context``."""
 
     def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | str]:
-        results: list[Draft | str] = []
-        ready: list[DraftRequest] = []
-        for req in requests:
-            if len(req.context) + req.k > self.limit:
-                results.append("draft_context_full")
-            else:
-                results.append("")
-                ready.append(req)
-        if not ready:
-            return results
-        drafts = dict(zip((r.row for r in ready), self._draft(ready, num_rows), strict=True))
-        return [d if d else drafts[req.row] for d, req in zip(results, requests, strict=True)]
+        def refuse(req: DraftRequest) -> str | None:
+            return "draft_context_full" if len(req.context) + req.k > self.limit else None
+
+        return propose_ready(requests, refuse, lambda ready: self._draft(ready, num_rows))
 
     def _sync(self, requests: Sequence[DraftRequest], num_rows: int) -> dict[int, Tensor]:
         """Bring each requesting row to its context; returns row -> next-token logits [vocab].
@@ -239,10 +267,7 @@ class BatchModelDrafter:
                 part = toks[offset : offset + width]
                 tokens[row, : len(part)] = torch.tensor(part, dtype=torch.long)
                 used[row] = len(part)
-            before = [self.cache.length(r) for r in range(num_rows)]
-            out = forward_rows(self.model, self.cache, num_rows, tokens)
-            for row in range(num_rows):
-                self.cache.truncate(before[row] + used[row], row)  # forget the padding
+            out = ragged_forward(self.cache, num_rows, used, partial(self.model.forward, tokens))
             for row, toks in pending.items():
                 if used[row] and offset + used[row] == len(toks):
                     logits[row] = out.logits[row, used[row] - 1]
@@ -266,14 +291,11 @@ class BatchModelDrafter:
             if not feeding:
                 break
             chunk = torch.full((num_rows, 1), self.pad, dtype=torch.long)  # [rows, 1]
+            used = [0] * num_rows
             for req in feeding:
                 chunk[req.row, 0] = tokens[req.row][-1]
-            before = [self.cache.length(r) for r in range(num_rows)]
-            out = forward_rows(self.model, self.cache, num_rows, chunk)
-            fed = {r.row for r in feeding}
-            for row in range(num_rows):
-                if row not in fed:
-                    self.cache.truncate(before[row], row)
+                used[req.row] = 1
+            out = ragged_forward(self.cache, num_rows, used, partial(self.model.forward, chunk))
             for req in feeding:
                 self.ingested[req.row].append(int(tokens[req.row][-1]))
                 logits[req.row] = out.logits[req.row, 0]

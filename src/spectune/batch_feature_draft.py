@@ -16,15 +16,17 @@ so a sequence drafts the same tokens alone or batched.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from spectune.batch_draft import DraftRequest
+from spectune.batch_draft import DraftRequest, propose_ready, ragged_forward, row_view
 from spectune.drafters.base import Draft, TargetFeatures
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.model import choose_token, common_prefix
 from spectune.kv_cache import StaticKVCache
+from spectune.models.base import KVCache
 from spectune.sampling import process_logits
 
 __all__ = ["BatchFeatureDrafter"]
@@ -61,7 +63,9 @@ class BatchFeatureDrafter:
         end = len(prompt) - 1  # the last position is always recomputed by a proposal
         if end >= 2 and self.known[row] >= end and end <= self.limit:
             # Prefill now so later steps catch up a few positions per row, not a prompt.
-            self._forward_row(row, list(prompt[1:end]), self.target_hidden[row, : end - 1])
+            with row_view(self.cache, row, row + 1) as view:
+                prev = self.target_hidden[row, : end - 1]  # [end - 1, hidden]
+                self._head(torch.tensor([list(prompt[1:end])]), prev[None], view)
             self.slot_tokens[row] = list(prompt[1:end])
 
     def move(self, src: int, dst: int) -> None:
@@ -89,38 +93,24 @@ class BatchFeatureDrafter:
 
     def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | str]:
         vocab = self.drafter.vocab_size
-        results: list[Draft | str] = []
-        ready: list[DraftRequest] = []
-        for req in requests:
+
+        def refuse(req: DraftRequest) -> Draft | str | None:
             length = len(req.context)
             if length < 2:  # position 0 has no head input: nothing to draft from yet
-                results.append(Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab)))
-            elif length + req.k > self.limit:
-                results.append("draft_context_full")
-            elif self.known[req.row] < length - 1:
-                results.append("drafter_error: the feature drafter needs the target's states")
-            else:
-                results.append("")
-                ready.append(req)
-        if not ready:
-            return results
-        drafts = dict(zip((r.row for r in ready), self._draft(ready, num_rows), strict=True))
-        return [d if d != "" else drafts[req.row] for d, req in zip(results, requests, strict=True)]
+                return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab))
+            if length + req.k > self.limit:
+                return "draft_context_full"
+            if self.known[req.row] < length - 1:
+                return "drafter_error: the feature drafter needs the target's states"
+            return None
 
-    def _forward(self, num_rows: int, tokens: Tensor, prev: Tensor) -> Tensor:
-        """Head forward over the leading ``num_rows`` rows: tokens [rows, w], prev
-        [rows, w, hidden] -> features [rows, w, hidden]."""
-        view = self.cache if num_rows == self.cache.batch_size else self.cache.rows(0, num_rows)
-        try:
-            features: Tensor = self.head(tokens, prev.to(self.head.fc.weight.dtype), view)
-            return features
-        finally:
-            self.cache.lengths[:num_rows] = view.lengths
+        return propose_ready(requests, refuse, lambda ready: self._draft(ready, num_rows))
 
-    def _forward_row(self, row: int, tokens: list[int], prev: Tensor) -> None:
-        view = self.cache.rows(row, row + 1)
-        self.head(torch.tensor([tokens]), prev[None].to(self.head.fc.weight.dtype), view)
-        self.cache.lengths[row] = view.lengths[0]
+    def _head(self, tokens: Tensor, prev: Tensor, view: KVCache) -> Tensor:
+        """tokens [rows, w], prev [rows, w, hidden] -> head features [rows, w, hidden]."""
+        assert isinstance(view, StaticKVCache)  # the head's own cache, made above
+        features: Tensor = self.head(tokens, prev.to(self.head.fc.weight.dtype), view)
+        return features
 
     def _sync(self, requests: Sequence[DraftRequest], num_rows: int) -> dict[int, Tensor]:
         """Bring each requesting row to its context from real target states; returns
@@ -150,10 +140,7 @@ class BatchFeatureDrafter:
                 tokens[row, : len(part)] = torch.tensor(part, dtype=torch.long)
                 prev[row, : len(part)] = self.target_hidden[row, start - 1 : start - 1 + len(part)]
                 used[row] = len(part)
-            before = [self.cache.length(r) for r in range(num_rows)]
-            features = self._forward(num_rows, tokens, prev)
-            for row in range(num_rows):
-                self.cache.truncate(before[row] + used[row], row)  # forget the padding
+            features = ragged_forward(self.cache, num_rows, used, partial(self._head, tokens, prev))
             for row, (_, toks) in pending.items():
                 if used[row] and offset + used[row] == len(toks):
                     out[row] = features[row, used[row] - 1]
@@ -174,16 +161,13 @@ class BatchFeatureDrafter:
             if not feeding:
                 break
             chunk = torch.zeros(num_rows, 1, dtype=torch.long)  # [rows, 1]
-            prev = torch.zeros(num_rows, 1, hidden_size)  # [rows, 1, hidden]
+            fed = torch.zeros(num_rows, 1, hidden_size)  # [rows, 1, hidden]
+            used = [0] * num_rows
             for req in feeding:
                 chunk[req.row, 0] = tokens[req.row][-1]
-                prev[req.row, 0] = features[req.row]
-            before = [self.cache.length(r) for r in range(num_rows)]
-            out = self._forward(num_rows, chunk, prev)
-            fed = {r.row for r in feeding}
-            for row in range(num_rows):
-                if row not in fed:
-                    self.cache.truncate(before[row], row)
+                fed[req.row, 0] = features[req.row]
+                used[req.row] = 1
+            out = ragged_forward(self.cache, num_rows, used, partial(self._head, chunk, fed))
             for req in feeding:
                 features[req.row] = out[req.row, 0]
         return [
