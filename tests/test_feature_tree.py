@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 import torch
-from scipy import stats
 
+from lossless_check import first_two_tokens_pvalue
 from spectune.control.base import FixedK
 from spectune.drafters import ModelDrafter, NgramDrafter
 from spectune.drafters.base import TargetFeatures
@@ -121,29 +121,11 @@ def test_feature_tree_end_to_end_emits_the_target_distribution(
     verifier): the first two tokens follow the toy target's own distribution. Chi-square over
     the likely (t1, t2) pairs (expected count >= 5; the rest pooled), 4,000 runs, fixed
     seeds, false-failure probability 1e-4."""
-    prompt = [1, 5, 9, 13, 7]
-    params = SamplingParams(temperature=1.0, max_tokens=2)
+    drafter = tree(toy_feature_drafter, TreeShape(width=3, nodes=7))
     runs = 4_000
-    vocab = toy_target.info.vocab_size
-    cache = toy_target.new_cache(capacity=16)
-    first = toy_target.forward(torch.tensor([prompt]), cache).logits[0, -1].softmax(-1).double()
-    batch = torch.tensor([prompt + [t] for t in range(vocab)])
-    second = toy_target.forward(batch, toy_target.new_cache(vocab, 16)).logits[:, -1]
-    expected = first[:, None] * second.softmax(-1).double() * runs  # [vocab, vocab]
-    engine = SpeculativeEngine(toy_target, tree(toy_feature_drafter, TreeShape(width=3, nodes=7)))
-    generator = torch.Generator().manual_seed(78)
-    counts = torch.zeros(vocab, vocab, dtype=torch.float64)
-    accepted = 0
-    for _ in range(runs):
-        gen = engine.run(prompt, params, policy=FixedK(2), generator=generator)
-        counts[gen.tokens[0], gen.tokens[1]] += 1
-        accepted += gen.accepted
+    pvalue, accepted = first_two_tokens_pvalue(toy_target, drafter, runs=runs, seed=78)
     assert accepted > runs // 4  # the head's tree really was verified, not bypassed
-    likely = expected >= 5
-    observed = torch.cat((counts[likely], counts[~likely].sum().view(1)))
-    wanted = torch.cat((expected[likely], expected[~likely].sum().view(1)))
-    result = stats.chisquare(observed.numpy(), (wanted / wanted.sum() * runs).numpy())
-    assert result.pvalue > ALPHA, result
+    assert pvalue > ALPHA, pvalue
 
 
 @pytest.mark.slow

@@ -92,29 +92,9 @@ def test_tree_drafter_end_to_end_emits_the_target_distribution(toy_target, toy_d
     the first two tokens follow the toy target's own distribution. Chi-square over the
     likely (t1, t2) pairs (expected count >= 5; the rest pooled), 4,000 runs, fixed seeds,
     false-failure probability 1e-4."""
-    from spectune.control.base import FixedK
+    from lossless_check import first_two_tokens_pvalue
     from spectune.drafters.tree import TreeDrafter, TreeShape
-    from spectune.engine import SpeculativeEngine
-    from spectune.sampling import SamplingParams
 
-    prompt = [1, 5, 9, 13, 7]
-    params = SamplingParams(temperature=1.0, max_tokens=2)
-    runs = 4_000
-    vocab = toy_target.info.vocab_size
-    # Exact target distributions: p(t1), and p(t2 | t1) for every t1 in one batch.
-    cache = toy_target.new_cache(capacity=16)
-    first = toy_target.forward(torch.tensor([prompt]), cache).logits[0, -1].softmax(-1).double()
-    batch = torch.tensor([prompt + [t] for t in range(vocab)])
-    second = toy_target.forward(batch, toy_target.new_cache(vocab, 16)).logits[:, -1]
-    expected = first[:, None] * second.softmax(-1).double() * runs  # [vocab, vocab]
-    engine = SpeculativeEngine(toy_target, TreeDrafter(toy_draft, TreeShape(width=3, nodes=7)))
-    generator = torch.Generator().manual_seed(77)
-    counts = torch.zeros(vocab, vocab, dtype=torch.float64)
-    for _ in range(runs):
-        tokens = engine.run(prompt, params, policy=FixedK(2), generator=generator).tokens
-        counts[tokens[0], tokens[1]] += 1
-    likely = expected >= 5
-    observed = torch.cat((counts[likely], counts[~likely].sum().view(1)))
-    wanted = torch.cat((expected[likely], expected[~likely].sum().view(1)))
-    result = stats.chisquare(observed.numpy(), (wanted / wanted.sum() * runs).numpy())
-    assert result.pvalue > ALPHA, result
+    drafter = TreeDrafter(toy_draft, TreeShape(width=3, nodes=7))
+    pvalue, _ = first_two_tokens_pvalue(toy_target, drafter, runs=4_000, seed=77)
+    assert pvalue > ALPHA, pvalue

@@ -41,15 +41,7 @@ class BatchFeatureDrafter:
         self.name = drafter.name
         cfg = self.head.cfg
         capacity = min(capacity, cfg.max_context)
-        self.cache = StaticKVCache(
-            num_layers=1,
-            batch_size=max_batch,
-            capacity=capacity,
-            kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            dtype=self.head.fc.weight.dtype,
-            device=self.head.fc.weight.device,
-        )
+        self.cache = self.head.new_cache(capacity, batch_size=max_batch)
         self.limit = capacity - slack  # padding writes up to ``slack`` slots past a row
         self.slack = slack
         # [max_batch, capacity, hidden]: row r's target state h[t] at [r, t]

@@ -93,11 +93,11 @@ class FeatureHead(nn.Module):
     def trainable_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self, capacity: int) -> StaticKVCache:
+    def new_cache(self, capacity: int, batch_size: int = 1) -> StaticKVCache:
         cfg = self.cfg
         return StaticKVCache(
             num_layers=1,
-            batch_size=1,
+            batch_size=batch_size,
             capacity=capacity,
             kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
