@@ -9,7 +9,6 @@ import dataclasses
 import pytest
 import torch
 
-from lossless_check import first_two_tokens_pvalue
 from spectune.control.base import FixedK
 from spectune.drafters import ModelDrafter, NgramDrafter
 from spectune.drafters.base import TargetFeatures
@@ -22,6 +21,11 @@ from spectune.models.llama import LlamaLM
 from spectune.models.toy import toy_config, toy_model
 from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
+from tree_checks import (
+    assert_width_one_tree_is_the_chain,
+    first_two_tokens_pvalue,
+    greedy_tree_accepted,
+)
 
 ALPHA = 1e-4  # false-failure probability of the chi-square test
 PROMPTS = ([1, 5, 9, 13, 7], [1, 22, 23, 24, 25], [9, 4])
@@ -48,17 +52,9 @@ def tree(drafter: FeatureDrafter, shape: TreeShape) -> FeatureTreeDrafter:
 def test_feature_tree_greedy_equals_target_greedy(
     endless: LlamaLM, toy_feature_drafter: FeatureDrafter, shape: TreeShape
 ) -> None:
-    params = SamplingParams(max_tokens=40)
-    accepted = 0
-    for prompt in PROMPTS:
-        plain = SpeculativeEngine(endless).run(prompt, params, policy=FixedK(0)).tokens
-        gen = SpeculativeEngine(endless, tree(toy_feature_drafter, shape)).run(
-            prompt, params, policy=FixedK(4)
-        )
-        assert gen.tokens == plain
-        assert all(s.fallback is None for s in gen.steps)
-        assert max(s.drafted for s in gen.steps) <= shape.nodes
-        accepted += gen.accepted
+    accepted = greedy_tree_accepted(
+        endless, lambda: tree(toy_feature_drafter, shape), shape, PROMPTS
+    )
     assert accepted > 0
 
 
@@ -67,18 +63,13 @@ def test_width_one_feature_tree_equals_the_feature_chain(
     endless: LlamaLM, toy_feature_drafter: FeatureDrafter, temperature: float
 ) -> None:
     """Same tokens, same per-step counts, same random numbers (reduced vocabulary too)."""
-    params = SamplingParams(temperature=temperature, max_tokens=40)
-    for seed, prompt in enumerate(PROMPTS):
-        chain = SpeculativeEngine(endless, fresh(toy_feature_drafter)).run(
-            prompt, params, policy=FixedK(3), generator=torch.Generator().manual_seed(seed)
-        )
-        one = SpeculativeEngine(endless, tree(toy_feature_drafter, TreeShape(1, 8))).run(
-            prompt, params, policy=FixedK(3), generator=torch.Generator().manual_seed(seed)
-        )
-        assert one.tokens == chain.tokens
-        assert [(s.drafted, s.accepted) for s in one.steps] == [
-            (s.drafted, s.accepted) for s in chain.steps
-        ]
+    assert_width_one_tree_is_the_chain(
+        endless,
+        lambda: fresh(toy_feature_drafter),
+        lambda: tree(toy_feature_drafter, TreeShape(1, 8)),
+        temperature,
+        PROMPTS,
+    )
 
 
 def test_tree_masked_head_features_equal_each_path_run_alone(

@@ -19,6 +19,7 @@ from spectune.sampling import SamplingParams
 from spectune.tree import chain_parents, keep_path, tree_layout, trim_tree
 from spectune.tree_verify import verify_tree_greedy, verify_tree_sampled
 from spectune.verify import verify_sampled
+from tree_checks import assert_width_one_tree_is_the_chain, greedy_tree_accepted
 
 
 @pytest.fixture(scope="module")
@@ -236,17 +237,10 @@ def test_tree_greedy_equals_target_greedy(
 ) -> None:
     toy_target = request.getfixturevalue("toy_target" if eos else "endless")
     toy_draft = request.getfixturevalue("toy_draft" if eos else "endless_draft")
-    params = SamplingParams(max_tokens=40)
-    accepted = 0
-    for prompt in ([1, 5, 9, 13, 7], [1, 22, 23, 24, 25], [9]):
-        plain = SpeculativeEngine(toy_target).run(prompt, params, policy=FixedK(0)).tokens
-        gen = SpeculativeEngine(toy_target, TreeDrafter(toy_draft, shape)).run(
-            prompt, params, policy=FixedK(4)
-        )
-        assert gen.tokens == plain
-        assert all(s.fallback is None for s in gen.steps)
-        assert max(s.drafted for s in gen.steps) <= shape.nodes
-        accepted += sum(s.accepted for s in gen.steps)
+    prompts = ([1, 5, 9, 13, 7], [1, 22, 23, 24, 25], [9])
+    accepted = greedy_tree_accepted(
+        toy_target, lambda: TreeDrafter(toy_draft, shape), shape, prompts
+    )
     assert accepted > 0
 
 
@@ -254,18 +248,13 @@ def test_tree_greedy_equals_target_greedy(
 def test_width_one_tree_equals_chain_speculation(
     toy_target: LlamaLM, toy_draft: LlamaLM, temperature: float
 ) -> None:
-    params = SamplingParams(temperature=temperature, max_tokens=40)
-    for seed, prompt in enumerate(([1, 5, 9, 13, 7], [1, 22, 23, 24, 25], [9])):
-        chain = SpeculativeEngine(toy_target, ModelDrafter(toy_draft)).run(
-            prompt, params, policy=FixedK(3), generator=torch.Generator().manual_seed(seed)
-        )
-        tree = SpeculativeEngine(toy_target, TreeDrafter(toy_draft, TreeShape(1, 8))).run(
-            prompt, params, policy=FixedK(3), generator=torch.Generator().manual_seed(seed)
-        )
-        assert tree.tokens == chain.tokens
-        assert [(s.drafted, s.accepted) for s in tree.steps] == [
-            (s.drafted, s.accepted) for s in chain.steps
-        ]
+    assert_width_one_tree_is_the_chain(
+        toy_target,
+        lambda: ModelDrafter(toy_draft),
+        lambda: TreeDrafter(toy_draft, TreeShape(1, 8)),
+        temperature,
+        ([1, 5, 9, 13, 7], [1, 22, 23, 24, 25], [9]),
+    )
 
 
 @pytest.mark.slow
