@@ -137,6 +137,11 @@ def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDra
     if missing or unexpected:
         raise ModelLoadError(f"{path}: weights do not match the head ({missing or unexpected})")
     head = head.to(target.dtype)
+    if cfg.feature_layers:
+        try:
+            target.expose_layers(cfg.feature_layers)  # the head reads these target layers
+        except ValueError as exc:
+            raise IncompatibleModelsError(f"feature draft {path.name}: {exc}") from exc
     return FeatureDrafter(head, subset, name=f"feature:{path.name}")
 
 
