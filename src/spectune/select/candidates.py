@@ -58,7 +58,7 @@ class Candidate:
         return self.drafter is not None and not self.problems
 
 
-def resolve_candidate(spec: str, target: Loaded) -> Candidate:
+def resolve_candidate(spec: str, target: Loaded, *, trust_draft_vocab: bool = False) -> Candidate:
     if spec == "ngram":
         return Candidate(spec, "ngram", NgramDrafter(), None, ())
     try:
@@ -73,7 +73,9 @@ def resolve_candidate(spec: str, target: Loaded) -> Candidate:
             )
             return Candidate(spec, "feature", drafter, params, ())
         model = load_model(path)
-        problems = pairing_problems(model, draft_tokenizer(path), meta, target)
+        problems = pairing_problems(
+            model, draft_tokenizer(path), meta, target, trust_draft_vocab=trust_draft_vocab
+        )
         if problems:
             return Candidate(spec, "model", None, model.info.num_parameters, tuple(problems))
         return Candidate(
