@@ -193,3 +193,24 @@ def test_vocabulary_beyond_the_tolerance_is_still_refused(
     folder = draft_folder(tmp_path, toy_draft, TARGET_VOCAB + 129)
     with pytest.raises(IncompatibleModelsError, match="vocabulary sizes differ by 129"):
         load_drafter(str(folder), target_folder)
+
+
+@pytest.mark.slow
+def test_narrower_draft_keeps_greedy_output_on_the_real_model(smollm2: Loaded) -> None:
+    """SmolLM2 with a 4-layer draft whose vocabulary lacks the target's last 100 ids (the
+    inner view cuts them, the outer pads them back as the pairing does): greedy output
+    equals plain decoding token for token, and every step drafts."""
+    from spectune.models.llama import truncated
+
+    assert isinstance(smollm2.model, LlamaLM)
+    vocab = smollm2.model.info.vocab_size
+    narrower = TargetVocabModel(truncated(smollm2.model, 4), vocab - 100)
+    drafter = ModelDrafter(TargetVocabModel(narrower, vocab))
+    prompt = smollm2.tokenizer.encode_chat(
+        [{"role": "user", "content": "Name three rivers in Europe and one fact about each."}]
+    )
+    params = SamplingParams(max_tokens=48)
+    plain = SpeculativeEngine(smollm2.model).run(prompt, params).tokens
+    spec = SpeculativeEngine(smollm2.model, drafter).run(prompt, params, policy=FixedK(4))
+    assert spec.tokens == plain
+    assert spec.accepted > 0 and all(step.fallback is None for step in spec.steps)

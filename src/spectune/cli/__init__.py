@@ -10,26 +10,15 @@ import argparse
 import shlex
 import sys
 import warnings
-from collections.abc import Sequence
-from typing import Protocol, TextIO
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TextIO
 
 from spectune.cli import bench, distill, experiment, export, generate, report, select, serve
 from spectune.cli.common import print_warning
 from spectune.errors import SpectuneError, SpectuneWarning
 
 __all__ = ["main"]
-
-
-class ShowWarning(Protocol):
-    def __call__(
-        self,
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: TextIO | None = None,
-        line: str | None = None,
-    ) -> None: ...
 
 
 COMMANDS = (generate, report, bench, distill, select, experiment, serve, export)
@@ -51,10 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The command line as typed, for results files that name the command behind a figure.
     args.command_line = "spectune " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
-        with warnings.catch_warnings():
-            # spectune's own warnings (checks an expert flag switched off) as one line each.
-            warnings.simplefilter("always", SpectuneWarning)
-            warnings.showwarning = _show_warning(warnings.showwarning)
+        with _one_line_warnings():
             status: int = args.run(args)
     except SpectuneError as exc:
         print(f"spectune: error: {exc}", file=sys.stderr)
@@ -64,21 +50,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-def _show_warning(default: ShowWarning) -> ShowWarning:
-    def show(
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: TextIO | None = None,
-        line: str | None = None,
-    ) -> None:
-        if issubclass(category, SpectuneWarning):
-            print_warning(str(message))
-        else:
-            default(message, category, filename, lineno, file, line)
+@contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """spectune's own warnings (a check an expert flag switched off) as one
+    ``spectune: warning:`` line each; other warnings as Python shows them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", SpectuneWarning)
+        python_show = warnings.showwarning
 
-    return show
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
+            if issubclass(category, SpectuneWarning):
+                print_warning(str(message))
+            else:
+                python_show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 if __name__ == "__main__":
