@@ -14,14 +14,23 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TextIO
 
-from spectune.cli import bench, distill, experiment, export, generate, report, select, serve
+from spectune.cli import (
+    bench,
+    corpus,
+    distill,
+    experiment,
+    export,
+    generate,
+    report,
+    select,
+    serve,
+)
 from spectune.cli.common import print_warning
 from spectune.errors import SpectuneError, SpectuneWarning
 
 __all__ = ["main"]
 
-
-COMMANDS = (generate, report, bench, distill, select, experiment, serve, export)
+COMMANDS = (generate, report, bench, corpus, distill, select, experiment, serve, export)
 
 
 def build_parser() -> argparse.ArgumentParser:
