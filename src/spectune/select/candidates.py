@@ -9,14 +9,12 @@ from dataclasses import dataclass
 from spectune.drafters.base import Drafter
 from spectune.drafters.loading import (
     feature_drafter_from_folder,
-    lm_drafter_from_folder,
     read_draft_meta,
 )
-from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import SpectuneError
 from spectune.models.loading import load_model, resolve_model_path
-from spectune.pairing import Loaded, compatibility_problems, draft_tokenizer
+from spectune.pairing import Loaded, draft_tokenizer, paired_model_drafter, pairing_problems
 
 __all__ = ["Candidate", "SizeBand", "resolve_candidate", "size_band"]
 
@@ -60,7 +58,7 @@ class Candidate:
         return self.drafter is not None and not self.problems
 
 
-def resolve_candidate(spec: str, target: Loaded) -> Candidate:
+def resolve_candidate(spec: str, target: Loaded, *, trust_draft_vocab: bool = False) -> Candidate:
     if spec == "ngram":
         return Candidate(spec, "ngram", NgramDrafter(), None, ())
     try:
@@ -75,19 +73,17 @@ def resolve_candidate(spec: str, target: Loaded) -> Candidate:
             )
             return Candidate(spec, "feature", drafter, params, ())
         model = load_model(path)
-        problems = compatibility_problems(
-            target.model.info, target.tokenizer, model.info, draft_tokenizer(path)
+        problems = pairing_problems(
+            model, draft_tokenizer(path), meta, target, trust_draft_vocab=trust_draft_vocab
         )
         if problems:
             return Candidate(spec, "model", None, model.info.num_parameters, tuple(problems))
-        if meta is not None:
-            return Candidate(
-                spec,
-                "distilled-lm",
-                lm_drafter_from_folder(path, model),
-                model.info.num_parameters,
-                (),
-            )
-        return Candidate(spec, "model", ModelDrafter(model), model.info.num_parameters, ())
+        return Candidate(
+            spec,
+            "model" if meta is None else "distilled-lm",
+            paired_model_drafter(path, model, meta, target.model),
+            model.info.num_parameters,
+            (),
+        )
     except SpectuneError as exc:
         return Candidate(spec, "unknown", None, None, (str(exc),))
