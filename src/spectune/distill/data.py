@@ -72,7 +72,9 @@ def _encode(item: CorpusItem, tokenizer: Tokenizer, limit: int) -> _Encoded | No
                 ids.append(eos)
             train_from = prompt_length - 1
         else:
-            ids = tokenizer.encode(item.text)
+            # Corpus text is the operator's training data, tokenized as it always was
+            # (special-token text in it is parsed); requests' text never is.
+            ids = tokenizer.encode(item.text, allow_special_tokens=True)
             train_from = 0
     except PromptError:
         return None

@@ -130,15 +130,25 @@ class Service:
     def _prompt_tokens(self, body: CompletionRequest | ChatCompletionRequest) -> list[int]:
         tokenizer = self.served.tokenizer
         vocab = self.served.model.info.vocab_size
+        # Clients' text never becomes special tokens, unless a raw prompt opts in.
+        allow_special = body.spectune is not None and body.spectune.allow_special_tokens
         try:
             if isinstance(body, ChatCompletionRequest):
+                if allow_special:
+                    raise APIError(
+                        400,
+                        "allow_special_tokens applies to /v1/completions text prompts; chat "
+                        "messages are always tokenized as plain text",
+                        param="spectune.allow_special_tokens",
+                        code="unsupported_option",
+                    )
                 messages = [{"role": m.role, "content": m.text()} for m in body.messages]
                 return tokenizer.encode_chat(messages)
             if isinstance(body.prompt, str):
-                return tokenizer.encode(body.prompt)
+                return tokenizer.encode(body.prompt, allow_special_tokens=allow_special)
             if isinstance(body.prompt[0], str):
-                return tokenizer.encode(str(body.prompt[0]))
-        except SpectuneError:
+                return tokenizer.encode(str(body.prompt[0]), allow_special_tokens=allow_special)
+        except (SpectuneError, APIError):
             raise
         except Exception as exc:  # tokenizers and templates raise many types on odd input
             raise APIError(
