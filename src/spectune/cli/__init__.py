@@ -10,6 +10,7 @@ import argparse
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from spectune.cli import bench, distill, experiment, export, generate, report, select, serve
 from spectune.errors import SpectuneError
@@ -19,10 +20,20 @@ __all__ = ["main"]
 COMMANDS = (generate, report, bench, distill, select, experiment, serve, export)
 
 
+class UsageError(SpectuneError):
+    """The command line does not parse (an unknown option, a value of the wrong type)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``spectune: error: ...``, exit status 2)
+    like every other error, instead of the usage text and a ``SystemExit``."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="spectune", description="Lossless speculative decoding with live tuning."
-    )
+    parser = _Parser(prog="spectune", description="Lossless speculative decoding with live tuning.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.register(subparsers)
@@ -31,10 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    # The command line as typed, for results files that name the command behind a figure.
-    args.command_line = "spectune " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
+        args = parser.parse_args(argv)
+        # The command line as typed, for results files that name the command behind a figure.
+        args.command_line = "spectune " + shlex.join(sys.argv[1:] if argv is None else argv)
         status: int = args.run(args)
     except SpectuneError as exc:
         print(f"spectune: error: {exc}", file=sys.stderr)

@@ -112,9 +112,17 @@ def _progress() -> Any:
 def run(args: argparse.Namespace) -> int:
     if not (args.steps or args.tokens or args.minutes):
         raise InvalidParameterError("give a budget: --steps, --tokens and/or --minutes")
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidParameterError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
-    target = load_target(args.target)
+    if args.heldout < 1:
+        raise InvalidParameterError("--heldout must be >= 1")
+    if args.vocab_size is not None and args.vocab_size < 1:
+        raise InvalidParameterError("--vocab-size must be >= 1")
+    if args.out.exists() and not args.out.is_dir():
+        raise InvalidParameterError(f"--out {args.out} is a file; the draft needs a folder")
+    # Every setting is checked (by its dataclass) before the target loads.
     plan = CorpusPlan(
         paths=tuple(args.corpus),
         cache_dir=args.cache_dir,
@@ -139,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     budget = Budget(max_steps=args.steps, max_tokens=args.tokens, max_minutes=args.minutes)
+    target = load_target(args.target)
     with _progress() as progress:
         tasks: dict[str, Any] = {}
 

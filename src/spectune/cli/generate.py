@@ -133,6 +133,8 @@ def check_prompt_args(args: argparse.Namespace) -> None:
         raise InvalidParameterError(
             "--allow-special-tokens applies to raw prompts; --chat text is always plain text"
         )
+    if args.tree_min_prob != 0.0 and args.tree_width is None and args.tree_nodes is None:
+        raise InvalidParameterError("--tree-min-prob needs a tree (--tree-width or --tree-nodes)")
     if not (args.chat or args.prompt):
         raise PromptError("the prompt is empty (give a prompt or --chat TEXT)")
     # Undecodable bytes on the command line arrive as lone surrogates: refuse them before

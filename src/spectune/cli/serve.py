@@ -10,21 +10,32 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from spectune.cli.common import add_model_args, parse_dtype
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
+from spectune.control.config import PolicySpec
 from spectune.control.registry import build_policy
-from spectune.errors import InvalidParameterError
+from spectune.errors import InvalidParameterError, SpectuneError
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
 from spectune.pairing import load_drafter, load_target
 from spectune.sampling import SamplingParams
 from spectune.server.engines import ENGINES, DraftSource, EngineSettings, build_engine
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from spectune.server import Limits
+
+__all__ = ["listen", "register", "serve_on"]
+
+GRACEFUL_SHUTDOWN_SECONDS = 30  # how long requests in flight may finish after a SIGTERM
 
 
 def register(subparsers: Any) -> None:
@@ -76,19 +87,42 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, or a one-line error: bound before the models load,
+    so a bad address or a port in use fails in a second, not after the loading."""
+    if not 0 <= port <= 65535:
+        raise InvalidParameterError(f"--port must be in [0, 65535], got {port}")
+    if not host.strip():
+        raise InvalidParameterError("--host must be an address or a host name (e.g. 127.0.0.1)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise InvalidParameterError(f"--host {host!r} is not an address here: {reason}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        # As uvicorn does: a restart may bind while old connections linger in TIME_WAIT
+        # (never while another server listens there).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise InvalidParameterError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    from spectune.server import Limits
 
-    from spectune.server import Limits, ServedModel, Service, create_app
-    from spectune.server.metrics import ServerMetrics
-
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise InvalidParameterError("--served-model-name must not be empty")
     spec = policy_spec_from_args(args)
     build_policy(spec)  # checks the options before loading models
     if args.threads is not None:
         if args.threads < 1:
             raise InvalidParameterError("--threads must be >= 1")
-        import torch
-
         torch.set_num_threads(args.threads)
     try:
         limits = Limits(
@@ -107,6 +141,23 @@ def run(args: argparse.Namespace) -> int:
         speculate_max_batch=args.speculate_max_batch,
     )
     dtype = parse_dtype(args.dtype)
+    sock = listen(args.host, args.port)
+    with sock:
+        return _serve(args, spec, limits, settings, dtype, sock)
+
+
+def _serve(
+    args: argparse.Namespace,
+    spec: PolicySpec,
+    limits: Limits,
+    settings: EngineSettings,
+    dtype: torch.dtype,
+    sock: socket.socket,
+) -> int:
+    """Load the models and serve on ``sock`` until stopped (SIGINT or SIGTERM)."""
+    from spectune.server import ServedModel, Service, create_app
+    from spectune.server.metrics import ServerMetrics
+
     target = load_target(args.target, dtype=dtype, runtime=args.runtime)
     drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
     draft = DraftSource.from_drafter(drafter)
@@ -150,5 +201,23 @@ def run(args: argparse.Namespace) -> int:
         f"{args.engine}) at http://{args.host}:{args.port}/v1",
         file=sys.stderr,
     )
-    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level)
+    serve_on(create_app(service), sock, log_level=args.log_level)
     return 0
+
+
+def serve_on(app: FastAPI, sock: socket.socket, *, log_level: str = "info") -> None:
+    """Serve ``app`` on the bound ``sock`` until SIGINT or SIGTERM.
+
+    On either signal uvicorn stops accepting connections at once, lets the requests in
+    flight finish for up to ``GRACEFUL_SHUTDOWN_SECONDS``, then closes the rest; the
+    scheduler then fails whatever is left with "the server is shutting down".
+    """
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS
+    )
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    if not server.started:  # uvicorn logged why (e.g. the app's startup failed)
+        raise SpectuneError("the server did not start (see the log above)")

@@ -54,6 +54,11 @@ class GenerationSettings:
     top_k: int = 32  # soft labels kept per position
     shard_sequences: int = 64
 
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "max_prompt_tokens", "batch_size", "top_k"):
+            if getattr(self, name) < 1:
+                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
+
 
 def _encode(item: CorpusItem, tokenizer: Tokenizer, limit: int) -> _Encoded | None:
     """Token ids, and whether the target continues them (a chat) or only scores them (a

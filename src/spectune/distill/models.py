@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from spectune.errors import InvalidParameterError
 from spectune.models.feature_head import FeatureHead, FeatureHeadConfig
 from spectune.models.llama import LlamaConfig, LlamaLM, LlamaTransformer, rotary_tables
 
@@ -42,6 +43,28 @@ class DraftArchitecture:
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 768
+
+    def __post_init__(self) -> None:
+        sizes = {
+            "layers": self.num_layers,
+            "hidden": self.hidden_size,
+            "heads": self.num_heads,
+            "kv heads": self.num_kv_heads,
+            "ffn": self.intermediate_size,
+        }
+        for name, value in sizes.items():
+            if value < 1:
+                raise InvalidParameterError(f"the draft's {name} must be >= 1, got {value}")
+        if self.hidden_size % self.num_heads:
+            raise InvalidParameterError(
+                f"the draft's hidden size {self.hidden_size} is not a multiple of its "
+                f"{self.num_heads} heads"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise InvalidParameterError(
+                f"the draft's {self.num_heads} heads are not a multiple of its "
+                f"{self.num_kv_heads} kv heads"
+            )
 
 
 @dataclass(frozen=True)
