@@ -26,7 +26,13 @@ from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
 from spectune.pairing import load_drafter, load_target
 from spectune.sampling import SamplingParams
-from spectune.server.engines import ENGINES, DraftSource, EngineSettings, build_engine
+from spectune.server.engines import (
+    DEFAULT_DRAFT_DEADLINE,
+    ENGINES,
+    DraftSource,
+    EngineSettings,
+    build_engine,
+)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -62,6 +68,13 @@ def register(subparsers: Any) -> None:
         type=int,
         default=None,
         help="no speculation while more requests than this run (measure it with the bench)",
+    )
+    parser.add_argument(
+        "--draft-deadline",
+        type=float,
+        default=DEFAULT_DRAFT_DEADLINE,
+        help="seconds a draft pass may take before the batch steps on without drafts "
+        f"(a hung drafter; 0 = no deadline; default {DEFAULT_DRAFT_DEADLINE:g})",
     )
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -139,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         capacity=args.capacity,
         speculate_max_batch=args.speculate_max_batch,
+        draft_deadline=args.draft_deadline or None,
     )
     dtype = parse_dtype(args.dtype)
     sock = listen(args.host, args.port)
