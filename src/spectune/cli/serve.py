@@ -21,7 +21,7 @@ from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.config import PolicySpec
 from spectune.control.registry import build_policy
-from spectune.errors import InvalidParameterError, SpectuneError
+from spectune.errors import InvalidParameterError
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
 from spectune.pairing import load_drafter, load_target
@@ -33,15 +33,12 @@ from spectune.server.engines import (
     EngineSettings,
     build_engine,
 )
+from spectune.server.run import listen, serve_on
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from spectune.server import Limits
 
-__all__ = ["listen", "register", "serve_on"]
-
-GRACEFUL_SHUTDOWN_SECONDS = 30  # how long requests in flight may finish after a SIGTERM
+__all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
@@ -98,32 +95,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port``, or a one-line error: bound before the models load,
-    so a bad address or a port in use fails in a second, not after the loading."""
-    if not 0 <= port <= 65535:
-        raise InvalidParameterError(f"--port must be in [0, 65535], got {port}")
-    if not host.strip():
-        raise InvalidParameterError("--host must be an address or a host name (e.g. 127.0.0.1)")
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-    except (OSError, UnicodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise InvalidParameterError(f"--host {host!r} is not an address here: {reason}") from None
-    sock = socket.socket(family, kind, proto)
-    try:
-        # As uvicorn does: a restart may bind while old connections linger in TIME_WAIT
-        # (never while another server listens there).
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise InvalidParameterError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    return sock
 
 
 def run(args: argparse.Namespace) -> int:
@@ -217,21 +188,3 @@ def _serve(
     )
     serve_on(create_app(service), sock, log_level=args.log_level)
     return 0
-
-
-def serve_on(app: FastAPI, sock: socket.socket, *, log_level: str = "info") -> None:
-    """Serve ``app`` on the bound ``sock`` until SIGINT or SIGTERM.
-
-    On either signal uvicorn stops accepting connections at once, lets the requests in
-    flight finish for up to ``GRACEFUL_SHUTDOWN_SECONDS``, then closes the rest; the
-    scheduler then fails whatever is left with "the server is shutting down".
-    """
-    import uvicorn
-
-    config = uvicorn.Config(
-        app, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS
-    )
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
-    if not server.started:  # uvicorn logged why (e.g. the app's startup failed)
-        raise SpectuneError("the server did not start (see the log above)")
