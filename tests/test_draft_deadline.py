@@ -9,11 +9,10 @@ import time
 from collections.abc import Sequence
 
 import pytest
-import torch
 
 from spectune.batch import BatchEngine
 from spectune.deadline import DeadlineCall, DeadlineExceeded
-from spectune.drafters.base import Draft, TargetFeatures
+from spectune.drafters.scripted import ScriptedDrafter
 from spectune.engine import SpeculativeEngine
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
@@ -22,35 +21,19 @@ from spectune.sampling import SamplingParams
 DEADLINE = 0.2  # seconds
 
 
-class HangingDrafter:
-    """Proposes the target's likely tokens, but its ``hang_at``-th proposal blocks until
+def hanging_drafter(release: threading.Event, hang_at: int | None) -> ScriptedDrafter:
+    """Proposes repeats of the last token; its ``hang_at``-th proposal blocks until
     ``release`` is set (a hung drafter); ``hang_at`` None: never hangs."""
+    calls = 0
 
-    name = "hanging"
+    def script(context: Sequence[int], k: int) -> list[int]:
+        nonlocal calls
+        calls += 1
+        if calls == hang_at:
+            release.wait(30)
+        return [context[-1]] * k
 
-    def __init__(self, release: threading.Event, hang_at: int | None) -> None:
-        self.release = release
-        self.hang_at = hang_at
-        self.calls = 0
-
-    def reset(self) -> None:
-        self.calls = 0
-
-    def propose(
-        self,
-        context: Sequence[int],
-        num_tokens: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> Draft:
-        self.calls += 1
-        if self.calls == self.hang_at:
-            self.release.wait(30)
-        tokens = torch.tensor([context[-1]] * num_tokens, dtype=torch.long)
-        return Draft(tokens, None)
-
-    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
-        """Stateless."""
+    return ScriptedDrafter(script, vocab_size=64, with_probs=False, name="hanging")
 
 
 def test_deadline_call() -> None:
@@ -75,12 +58,12 @@ def test_deadline_call() -> None:
 
 def test_hung_drafter_falls_back_without_stalling(toy_target: LlamaLM) -> None:
     release = threading.Event()
-    made: list[HangingDrafter] = []
+    made: list[ScriptedDrafter] = []
 
-    def factory() -> HangingDrafter:
+    def factory() -> ScriptedDrafter:
         # The first drafter the engine makes is only asked its name; the second (the first
         # request's) hangs on its third proposal.
-        drafter = HangingDrafter(release, hang_at=3 if len(made) == 1 else None)
+        drafter = hanging_drafter(release, hang_at=3 if len(made) == 1 else None)
         made.append(drafter)
         return drafter
 

@@ -46,10 +46,10 @@ from typing import Any
 import httpx
 import torch
 
-from spectune.drafters.base import Draft, Drafter, TargetFeatures
-from spectune.sampling import SamplingParams
+from spectune.drafters.base import Drafter
+from spectune.drafters.scripted import FailingDrafter
 
-__all__ = ["FaultyDrafter", "SoakConfig", "SoakReport", "main", "run_soak"]
+__all__ = ["SoakConfig", "SoakReport", "main", "run_soak"]
 
 # uvicorn re-raises the signal after its graceful shutdown, so SIGTERM ends in -SIGTERM.
 CLEAN_EXITS = (0, -signal.SIGTERM)
@@ -154,48 +154,10 @@ class SoakReport:
 # -- the server's side --------------------------------------------------------------------
 
 
-class FaultyDrafter:
-    """Wraps a drafter; from proposal ``after`` on, ``mode`` happens: ``raise``, ``nan``
-    (NaN probabilities) or ``hang`` (one proposal sleeps ``hang_seconds``); ``none``: never."""
-
-    def __init__(
-        self, inner: Drafter, mode: str, *, after: int = 2, hang_seconds: float = 1.0
-    ) -> None:
-        self.inner = inner
-        self.mode = mode
-        self.after = after
-        self.hang_seconds = hang_seconds
-        self.name = inner.name
-        self.calls = 0
-
-    def reset(self) -> None:
-        self.calls = 0
-        self.inner.reset()
-
-    def propose(
-        self,
-        context: Sequence[int],
-        num_tokens: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> Draft:
-        self.calls += 1
-        draft = self.inner.propose(context, num_tokens, params, generator)
-        if self.calls < self.after or self.mode == "none":
-            return draft
-        if self.mode == "raise":
-            raise RuntimeError("injected drafter failure")
-        if self.mode == "nan" and draft.probs is not None:
-            return Draft(draft.tokens, torch.full_like(draft.probs, float("nan")), draft.parents)
-        if self.mode == "hang" and self.calls == self.after:
-            time.sleep(self.hang_seconds)
-        return draft
-
-    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
-        self.inner.commit(context, features)
-
-
-def _fault_factory(inner: Callable[[], Drafter], config: SoakConfig) -> Callable[[], Drafter]:
+def _fault_factory(
+    inner: Callable[[], Drafter], vocab_size: int, config: SoakConfig
+) -> Callable[[], Drafter]:
+    """Per-request drafters: ``inner``'s, a share of which fail after their first proposal."""
     rng = random.Random(config.seed)
     made = 0
     forced = {2: "raise", 4: "nan", 6: "hang"}  # every kind at least once, early
@@ -206,7 +168,11 @@ def _fault_factory(inner: Callable[[], Drafter], config: SoakConfig) -> Callable
         mode = forced.get(made, "none")
         if mode == "none" and rng.random() < config.fault_rate:
             mode = rng.choice(("raise", "nan", "hang"))
-        return FaultyDrafter(inner(), mode, hang_seconds=config.hang_seconds)
+        if mode == "none":
+            return inner()
+        return FailingDrafter(
+            mode, vocab_size=vocab_size, after=1, inner=inner(), hang_seconds=config.hang_seconds
+        )
 
     return make
 
@@ -241,7 +207,9 @@ def serve(config: SoakConfig) -> None:
     service = toy_service(
         target,
         tokenizer,
-        draft=DraftSource(drafters=_fault_factory(inner, config), label="soak"),
+        draft=DraftSource(
+            drafters=_fault_factory(inner, target.info.vocab_size, config), label="soak"
+        ),
         engine=EngineSettings(
             max_batch=config.max_batch,
             capacity=min(target.info.max_context, 1024),
