@@ -101,6 +101,8 @@ CLI_CASES: list[tuple[str, str]] = [
     ("serve --default-max-tokens 0", "default_max_tokens must be in [1, max_tokens]"),
     ("serve --max-requests 0", "max_requests must be >= 1"),
     ("serve --threads 0", "--threads must be >= 1"),
+    ("serve --draft-deadline -1", "draft_deadline must be a positive number"),
+    ("serve --draft-deadline nan", "draft_deadline must be a positive number"),
     ("serve --engine bogus", "argument --engine: invalid choice"),
     ("serve --k 0", "K (draft tokens per step) must be in [1, 32]"),
     ("serve --port 0 --served-model-name ''", "--served-model-name must not be empty"),

@@ -183,7 +183,7 @@ def _serve(
         )
     print(
         f"spectune: serving '{name}' (drafter {draft.name or 'none'}, policy {spec.name}, engine "
-        f"{args.engine}) at http://{args.host}:{args.port}/v1",
+        f"{args.engine}) at http://{args.host}:{sock.getsockname()[1]}/v1",
         file=sys.stderr,
     )
     serve_on(create_app(service), sock, log_level=args.log_level)
