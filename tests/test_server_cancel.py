@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from spectune.drafters.scripted import ScriptedDrafter
 from spectune.models.llama import LlamaLM
@@ -32,6 +33,16 @@ def slow_drafter() -> ScriptedDrafter:
         return [7] * k
 
     return ScriptedDrafter(script, vocab_size=64, delay=STEP_DELAY, name="slow")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """As in test_server_load: on a shared, oversubscribed machine torch's spinning
+    intra-op workers slow every step down tenfold."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture()
@@ -57,6 +68,13 @@ def freed_after(service: Service, since: float) -> float:
     return time.monotonic() - since
 
 
+def trace_ends(trace: Path) -> list[bool]:
+    """The ``cancelled`` flag of each request's end event (a request cancelled before its
+    first step has no steps, which ``read_trace`` refuses as a trace)."""
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    return [e["cancelled"] for e in events if e["event"] == "end"]
+
+
 def cancelled_total(url: str) -> float:
     text = httpx.get(url + "/metrics").text
     line = next(x for x in text.splitlines() if x.startswith("spectune_cancelled_requests_total"))
@@ -78,11 +96,11 @@ def test_non_streaming_request_abandoned_frees_its_row(
     with httpx.Client(timeout=1.5) as client, pytest.raises(httpx.ReadTimeout):
         client.post(url + "/v1/chat/completions", json=BODY)
     gone = time.monotonic()  # the client closed its connection on the timeout
-    assert freed_after(service, gone) < FREED_WITHIN
+    freed = freed_after(service, gone)
+    print(f"row freed {freed:.2f} s after the client left")  # the figure, with -s
+    assert freed < FREED_WITHIN
     assert cancelled_total(url) == 1
-    (request,) = read_trace(trace)
-    assert request.cancelled
-    assert request.steps and all(s.record.finish_reason is None for s in request.steps)
+    assert trace_ends(trace) == [True]
 
 
 def test_streaming_request_abandoned_frees_its_row(server: tuple[str, Service, Path]) -> None:
@@ -95,10 +113,11 @@ def test_streaming_request_abandoned_frees_its_row(server: tuple[str, Service, P
             first = next(line for line in lines if line.startswith("data: "))
             assert json.loads(first[len("data: ") :])["choices"]
         gone = time.monotonic()  # leaving the block closes the connection mid-stream
-    assert freed_after(service, gone) < FREED_WITHIN
+    freed = freed_after(service, gone)
+    print(f"row freed {freed:.2f} s after the client left")  # the figure, with -s
+    assert freed < FREED_WITHIN
     assert cancelled_total(url) == 1
-    (request,) = read_trace(trace)
-    assert request.cancelled
+    assert trace_ends(trace) == [True]
 
 
 def test_finished_request_is_not_cancelled(server: tuple[str, Service, Path]) -> None:
@@ -107,4 +126,5 @@ def test_finished_request_is_not_cancelled(server: tuple[str, Service, Path]) ->
     assert reply.status_code == 200
     assert cancelled_total(url) == 0
     (request,) = read_trace(trace)
-    assert not request.cancelled
+    assert not request.cancelled  # read back through the trace reader, too
+    assert trace_ends(trace) == [False]
