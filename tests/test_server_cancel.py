@@ -89,6 +89,16 @@ BODY = {
 }
 
 
+def assert_cancelled_once(url: str, service: Service, trace: Path, gone: float) -> None:
+    """The row is free within ``FREED_WITHIN`` of ``gone``; /metrics and the trace count
+    one cancelled request."""
+    freed = freed_after(service, gone)
+    print(f"row freed {freed:.2f} s after the client left")  # the figure, with -s
+    assert freed < FREED_WITHIN
+    assert cancelled_total(url) == 1
+    assert trace_ends(trace) == [True]
+
+
 def test_non_streaming_request_abandoned_frees_its_row(
     server: tuple[str, Service, Path],
 ) -> None:
@@ -96,11 +106,7 @@ def test_non_streaming_request_abandoned_frees_its_row(
     with httpx.Client(timeout=1.5) as client, pytest.raises(httpx.ReadTimeout):
         client.post(url + "/v1/chat/completions", json=BODY)
     gone = time.monotonic()  # the client closed its connection on the timeout
-    freed = freed_after(service, gone)
-    print(f"row freed {freed:.2f} s after the client left")  # the figure, with -s
-    assert freed < FREED_WITHIN
-    assert cancelled_total(url) == 1
-    assert trace_ends(trace) == [True]
+    assert_cancelled_once(url, service, trace, gone)
 
 
 def test_streaming_request_abandoned_frees_its_row(server: tuple[str, Service, Path]) -> None:
@@ -113,11 +119,7 @@ def test_streaming_request_abandoned_frees_its_row(server: tuple[str, Service, P
             first = next(line for line in lines if line.startswith("data: "))
             assert json.loads(first[len("data: ") :])["choices"]
         gone = time.monotonic()  # leaving the block closes the connection mid-stream
-    freed = freed_after(service, gone)
-    print(f"row freed {freed:.2f} s after the client left")  # the figure, with -s
-    assert freed < FREED_WITHIN
-    assert cancelled_total(url) == 1
-    assert trace_ends(trace) == [True]
+    assert_cancelled_once(url, service, trace, gone)
 
 
 def test_finished_request_is_not_cancelled(server: tuple[str, Service, Path]) -> None:
