@@ -1,4 +1,5 @@
-"""Soak and fault test of the server, as a serving team runs it before shipping.
+"""Soak and fault test of the server, as a serving team runs it before shipping
+(the server process: ``soak_server``; one client request: ``soak_clients``).
 
 Bounded in time and traffic, loopback only (127.0.0.1). The server runs in its own
 process (so SIGTERM is real); this process is the clients. In order:
@@ -38,16 +39,13 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
-import torch
 
-from spectune.drafters.base import Drafter
-from spectune.drafters.scripted import FailingDrafter
+from spectune.server.soak_clients import Job, send
 
 __all__ = ["SoakConfig", "SoakReport", "main", "run_soak"]
 
@@ -151,157 +149,6 @@ class SoakReport:
         ]
 
 
-# -- the server's side --------------------------------------------------------------------
-
-
-def _fault_factory(
-    inner: Callable[[], Drafter], vocab_size: int, config: SoakConfig
-) -> Callable[[], Drafter]:
-    """Per-request drafters: ``inner``'s, a share of which fail after their first proposal."""
-    rng = random.Random(config.seed)
-    made = 0
-    forced = {2: "raise", 4: "nan", 6: "hang"}  # every kind at least once, early
-
-    def make() -> Drafter:
-        nonlocal made
-        made += 1
-        mode = forced.get(made, "none")
-        if mode == "none" and rng.random() < config.fault_rate:
-            mode = rng.choice(("raise", "nan", "hang"))
-        if mode == "none":
-            return inner()
-        return FailingDrafter(
-            mode, vocab_size=vocab_size, after=1, inner=inner(), hang_seconds=config.hang_seconds
-        )
-
-    return make
-
-
-def serve(config: SoakConfig) -> None:
-    """The server process: builds the service, prints ``PORT <n>``, serves until SIGTERM."""
-    from spectune.drafters.model import ModelDrafter
-    from spectune.models.toy import perturbed, toy_model
-    from spectune.server import Limits, create_app
-    from spectune.server.engines import DraftSource, EngineSettings
-    from spectune.server.run import listen, serve_on
-    from spectune.server.testing import toy_service, toy_tokenizer
-
-    torch.set_num_threads(1)
-    if config.target == "toy":
-        target = toy_model(0, scale=3.0)
-        tokenizer = toy_tokenizer(Path(tempfile.mkdtemp(prefix="spectune-soak-")))
-    else:
-        from spectune.pairing import fresh_drafter, load_drafter, load_target
-
-        loaded = load_target(config.target)
-        target, tokenizer = loaded.model, loaded.tokenizer  # type: ignore[assignment]
-    inner: Callable[[], Drafter]
-    if config.draft == "toy":
-        draft_model = perturbed(target, 0.3)
-        inner = lambda: ModelDrafter(draft_model)  # noqa: E731
-    else:
-        loaded_drafter = load_drafter(config.draft, loaded)
-        assert loaded_drafter is not None, "the soak needs a drafter to inject faults into"
-        inner = lambda: fresh_drafter(loaded_drafter)  # noqa: E731
-    limit = max(config.max_tokens, config.sigterm_max_tokens)
-    service = toy_service(
-        target,
-        tokenizer,
-        draft=DraftSource(
-            drafters=_fault_factory(inner, target.info.vocab_size, config), label="soak"
-        ),
-        engine=EngineSettings(
-            max_batch=config.max_batch,
-            capacity=min(target.info.max_context, 1024),
-            draft_deadline=config.draft_deadline,
-        ),
-        limits=Limits(max_tokens=limit, default_max_tokens=limit, max_requests=config.clients),
-    )
-    sock = listen("127.0.0.1", 0)
-    print(f"PORT {sock.getsockname()[1]}", flush=True)
-    serve_on(
-        create_app(service), sock, log_level="warning", graceful_seconds=config.graceful_seconds
-    )
-
-
-# -- the clients' side --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Job:
-    chat: bool
-    prompt: int
-    stream: bool
-    greedy: bool
-    disconnect: bool
-    seed: int
-
-
-def _body(job: _Job, prompts: Sequence[str], max_tokens: int) -> tuple[str, dict[str, Any]]:
-    body: dict[str, Any] = {"model": "toy", "max_tokens": max_tokens, "stream": job.stream}
-    if job.greedy:
-        body["temperature"] = 0
-    else:
-        body.update(temperature=0.8, top_p=0.95, seed=job.seed)
-    if job.chat:
-        body["messages"] = [{"role": "user", "content": prompts[job.prompt]}]
-        return "/v1/chat/completions", body
-    body["prompt"] = prompts[job.prompt]
-    return "/v1/completions", body
-
-
-def _text(reply: dict[str, Any], chat: bool) -> str:
-    choice = reply["choices"][0]
-    return str(choice["message"]["content"] if chat else choice["text"])
-
-
-def _send(
-    url: str, job: _Job, prompts: Sequence[str], max_tokens: int, rng: random.Random
-) -> tuple[str, str | None]:
-    """(outcome, text): outcome is ``answered``, ``disconnected`` or an error kind."""
-    path, body = _body(job, prompts, max_tokens)
-    timeout = rng.uniform(0.05, 0.4) if job.disconnect and not job.stream else 120.0
-    try:
-        with httpx.Client(base_url=url, timeout=timeout) as client:
-            if not job.stream:
-                reply = client.post(path, json=body)
-                if reply.status_code != 200:
-                    return f"http {reply.status_code} {reply.json()['error'].get('code')}", None
-                return "answered", _text(reply.json(), job.chat)
-            return _read_stream(client, path, body, job, rng)
-    except httpx.ReadTimeout:
-        return ("disconnected", None) if job.disconnect else ("timeout", None)
-    except httpx.HTTPError as exc:
-        return f"transport {type(exc).__name__}", None
-
-
-def _read_stream(
-    client: httpx.Client, path: str, body: dict[str, Any], job: _Job, rng: random.Random
-) -> tuple[str, str | None]:
-    leave_after = rng.randint(1, 3) if job.disconnect else None
-    parts: list[str] = []
-    with client.stream("POST", path, json=body) as reply:
-        if reply.status_code != 200:
-            reply.read()
-            return f"http {reply.status_code} {reply.json()['error'].get('code')}", None
-        events = 0
-        for line in reply.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = line[len("data: ") :]
-            if data == "[DONE]":
-                return "answered", "".join(parts)
-            event = json.loads(data)
-            if "error" in event:
-                return f"stream error {event['error']['message'][:60]}", None
-            for choice in event["choices"]:
-                parts.append(choice["delta"].get("content", "") if job.chat else choice["text"])
-            events += 1
-            if leave_after is not None and events >= leave_after:
-                return "disconnected", None  # leaving the block closes the connection
-    return "stream cut", None
-
-
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -355,7 +202,8 @@ def _child_env() -> dict[str, str]:
 
 
 def _start_server(config: SoakConfig) -> tuple[subprocess.Popen[str], str]:
-    code = "import json, sys; from spectune.server.soak import SoakConfig, serve; "
+    code = "import json, sys; from spectune.server.soak import SoakConfig; "
+    code += "from spectune.server.soak_server import serve; "
     code += "serve(SoakConfig(**json.loads(sys.argv[1])))"
     process = subprocess.Popen(
         [sys.executable, "-c", code, json.dumps(dataclasses.asdict(config))],
@@ -400,8 +248,8 @@ def _soak(url: str, config: SoakConfig, prompts: Sequence[str], report: SoakRepo
     reference: dict[tuple[bool, int], str] = {}
     for chat in (False, True):
         for index in range(len(prompts)):
-            job = _Job(chat, index, False, True, False, 0)
-            outcome, text = _send(url, job, prompts, config.max_tokens, random.Random(0))
+            job = Job(chat, index, False, True, False, 0)
+            outcome, text = send(url, job, prompts, config.max_tokens, random.Random(0))
             if outcome != "answered" or text is None:
                 raise RuntimeError(f"reference request failed: {outcome}")
             reference[(chat, index)] = text
@@ -411,7 +259,7 @@ def _soak(url: str, config: SoakConfig, prompts: Sequence[str], report: SoakRepo
     def client(number: int) -> None:
         rng = random.Random(config.seed * 1000 + number)
         while time.monotonic() < stop_at:
-            job = _Job(
+            job = Job(
                 chat=rng.random() < 0.5,
                 prompt=rng.randrange(len(prompts)),
                 stream=rng.random() < 0.5,
@@ -419,7 +267,7 @@ def _soak(url: str, config: SoakConfig, prompts: Sequence[str], report: SoakRepo
                 disconnect=rng.random() < config.disconnect_rate,
                 seed=rng.randrange(2**31),
             )
-            outcome, text = _send(url, job, prompts, config.max_tokens, rng)
+            outcome, text = send(url, job, prompts, config.max_tokens, rng)
             with lock:
                 report.sent += 1
                 if outcome == "answered":
@@ -461,8 +309,8 @@ def _sigterm(
     signalled = [float("inf")]
 
     def in_flight(number: int) -> None:
-        job = _Job(number % 2 == 0, number % len(TOY_PROMPTS), number % 3 == 0, True, False, 0)
-        outcome, _ = _send(url, job, _prompts(config), config.sigterm_max_tokens, random.Random(0))
+        job = Job(number % 2 == 0, number % len(TOY_PROMPTS), number % 3 == 0, True, False, 0)
+        outcome, _ = send(url, job, _prompts(config), config.sigterm_max_tokens, random.Random(0))
         kind = "finished" if outcome == "answered" else f"unclean ({outcome})"
         if outcome.startswith(("http 4", "http 5", "stream error")):
             kind = "clean_error"
