@@ -49,6 +49,7 @@ from spectune.server.soak_clients import Job, send
 
 __all__ = ["SoakConfig", "SoakReport", "main", "run_soak"]
 
+RETRY_AFTER_429 = 0.25  # seconds a client waits after a 429 (the server's cancel poll)
 # uvicorn re-raises the signal after its graceful shutdown, so SIGTERM ends in -SIGTERM.
 CLEAN_EXITS = (0, -signal.SIGTERM)
 TOY_PROMPTS = tuple(" ".join(f"w{(i * 7 + j) % 50}" for j in range(3 + i % 5)) for i in range(8))
@@ -281,6 +282,8 @@ def _soak(url: str, config: SoakConfig, prompts: Sequence[str], report: SoakRepo
                     report.rate_limited += 1
                 else:
                     report.errors[outcome] += 1
+            if outcome.startswith("http 429"):
+                time.sleep(RETRY_AFTER_429)  # as a client that honours the limit would
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(config.clients)]
     for thread in threads:
