@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from spectune.cli import main
 from spectune.distill import corpus as corpus_module
 from spectune.distill.corpus import (
     HELDOUT_MODULUS,
@@ -154,13 +153,6 @@ def test_held_out_split_is_fixed_by_id() -> None:
     # 4,000 ids at 1/50: 80 expected; outside [45, 125] has probability < 1e-5 (binomial).
     assert 45 <= len(held) <= 125
     assert HELDOUT_MODULUS == 50
-
-
-def test_cli_rejects_a_bad_shard_range(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["corpus", "--out", "x", "--shards", "5:2"])
-    assert exc.value.code == 2
-    assert "start:stop" in capsys.readouterr().err
 
 
 def test_missing_corpus_folder_is_a_one_line_error(tmp_path: Path) -> None:

@@ -63,10 +63,18 @@ def run(args: argparse.Namespace) -> int:
     if args.stats:
         print(json.dumps(corpus_stats(args.out), indent=2))
         return 0
-    if args.items_per_shard < 1 or args.max_answer_tokens < 1 or args.batch < 1:
-        raise InvalidParameterError(
-            "--items-per-shard, --max-answer-tokens and --batch must be >= 1"
-        )
+    for flag, value in (
+        ("--items-per-shard", args.items_per_shard),
+        ("--max-answer-tokens", args.max_answer_tokens),
+        ("--batch", args.batch),
+    ):
+        if value < 1:
+            raise InvalidParameterError(f"{flag} must be >= 1, got {value}")
+    if args.threads is not None and args.threads < 1:
+        raise InvalidParameterError(f"--threads must be >= 1, got {args.threads}")
+    if args.out.exists() and not args.out.is_dir():
+        raise InvalidParameterError(f"--out {args.out} is a file; the corpus needs a folder")
+    seeds = SeedData.read(args.seeds)  # checked before the target loads
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target(args.target)
@@ -92,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     build_shards(
         target.model,
         target.tokenizer,
-        SeedData.read(args.seeds),
+        seeds,
         args.out,
         args.shards,
         settings,

@@ -167,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("give either --corpus files or an --answers corpus folder")
     if args.feature_layers and args.kind != "feature":
         raise InvalidParameterError("--feature-layers is for --kind feature")
+    if args.answer_shards is not None and args.answer_shards < 1:
+        raise InvalidParameterError(f"--answer-shards must be >= 1, got {args.answer_shards}")
     if args.heldout < 1:
         raise InvalidParameterError("--heldout must be >= 1")
     if args.vocab_size is not None and args.vocab_size < 1:
