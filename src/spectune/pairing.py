@@ -26,6 +26,7 @@ from spectune.drafters.tree import TreeDrafter, TreeGrower, TreeShape
 from spectune.errors import IncompatibleModelsError, InvalidParameterError
 from spectune.models.base import LanguageModel, ModelInfo, takes_tree_masks
 from spectune.models.loading import load_model, resolve_model_path
+from spectune.models.quant import QuantMode
 from spectune.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
@@ -50,10 +51,17 @@ class Loaded:
     path: Path
 
 
-def load_target(ref: str, *, dtype: torch.dtype = torch.float32, runtime: str = "auto") -> Loaded:
+def load_target(
+    ref: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    runtime: str = "auto",
+    quantize: QuantMode = "none",
+    device: torch.device | str = "cpu",
+) -> Loaded:
     """Load a target model and its tokenizer (``default``, a .gguf file or an HF folder)."""
     path = resolve_model_path(ref)
-    model = load_model(path, dtype=dtype, runtime=runtime)
+    model = load_model(path, dtype=dtype, runtime=runtime, quantize=quantize, device=device)
     return Loaded(model, load_tokenizer(path), path)
 
 
@@ -132,9 +140,13 @@ def load_drafter(
     *,
     dtype: torch.dtype = torch.float32,
     runtime: str = "auto",
+    quantize: QuantMode = "none",
+    device: torch.device | str = "cpu",
 ) -> Drafter | None:
     """``None``/``none`` -> no drafter; ``ngram`` -> prompt lookup; else a draft model path or
-    shipped draft name, checked against the target before use."""
+    shipped draft name, checked against the target before use. A draft model runs at the
+    target's precision (``quantize``: the same kernels keep the draft step cheap relative
+    to a quantised target) on the target's ``device``; a feature head on the CPU."""
     if spec is None or spec == "none":
         return None
     if spec == "ngram":
@@ -144,7 +156,7 @@ def load_drafter(
     if meta is not None and meta.kind == "feature":
         # A feature head shares the target's embedding and output rows, hence its tokenizer.
         return feature_drafter_from_folder(path, target.model)
-    model = load_model(path, dtype=dtype, runtime=runtime)
+    model = load_model(path, dtype=dtype, runtime=runtime, quantize=quantize, device=device)
     check_compatible(target.model.info, target.tokenizer, model.info, draft_tokenizer(path))
     if meta is not None:
         return lm_drafter_from_folder(path, model)

@@ -6,17 +6,27 @@ import argparse
 
 import torch
 
+from spectune.devices import DEVICES, resolve_device
 from spectune.errors import InvalidParameterError
+from spectune.models.quant import PRECISIONS, Precision
 from spectune.sampling import SamplingParams
 
-__all__ = ["add_model_args", "add_sampling_args", "parse_dtype", "sampling_from_args"]
+__all__ = [
+    "DTYPE_HELP",
+    "add_device_arg",
+    "add_model_args",
+    "add_precision_args",
+    "add_sampling_args",
+    "parse_precision",
+    "precision_from_args",
+    "sampling_from_args",
+]
 
-DTYPES = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-}
+_ALIASES = {"float32": "fp32", "bfloat16": "bf16"}
+DTYPE_HELP = (
+    "weights' precision: fp32, bf16, or int8 / int4 weight-only quantisation on PyTorch's "
+    "CPU kernels (rest of the model in fp32; a Q4_0/Q4_1 GGUF maps onto int4 as stored)"
+)
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -30,8 +40,31 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="drafter: a draft model (.gguf, HF folder, shipped draft name), 'ngram' or 'none'",
     )
-    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     parser.add_argument("--runtime", default="auto", choices=("auto", "native", "hf"))
+    add_precision_args(parser)
+
+
+def add_precision_args(parser: argparse.ArgumentParser) -> None:
+    """``--dtype`` (the precision) and ``--device``; read them with ``precision_from_args``."""
+    parser.add_argument(
+        "--dtype", default="fp32", choices=sorted({*PRECISIONS, *_ALIASES}), help=DTYPE_HELP
+    )
+    add_device_arg(parser)
+
+
+def precision_from_args(args: argparse.Namespace) -> tuple[Precision, torch.device]:
+    precision = parse_precision(args.dtype)
+    return precision, resolve_device(args.device, cpu_kernels=precision.quantize != "none")
+
+
+def add_device_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=DEVICES,
+        help="where models run: auto (default: cuda when torch sees a GPU and the dtype is "
+        "not int8/int4, else cpu), cpu or cuda",
+    )
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -43,11 +76,11 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
-def parse_dtype(name: str) -> torch.dtype:
+def parse_precision(name: str) -> Precision:
     try:
-        return DTYPES[name]
+        return PRECISIONS[_ALIASES.get(name, name)]
     except KeyError as exc:
-        raise InvalidParameterError(f"unknown dtype {name!r}") from exc
+        raise InvalidParameterError(f"unknown dtype {name!r} ({', '.join(PRECISIONS)})") from exc
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from spectune.cli.common import add_device_arg
+from spectune.devices import resolve_device
 from spectune.distill.data import DistillCorpus, GenerationSettings
 from spectune.distill.models import DraftArchitecture
 from spectune.distill.pipeline import CorpusPlan, build_corpora, distill
@@ -79,6 +81,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--heldout", type=int, default=48, help="held-out sequences")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_device_arg(parser)
     parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
     parser.add_argument(
         "--follow-cache",
@@ -114,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("give a budget: --steps, --tokens and/or --minutes")
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.target)
+    # The target generates the corpus on --device; the draft trains on the CPU.
+    target = load_target(args.target, device=resolve_device(args.device))
     plan = CorpusPlan(
         paths=tuple(args.corpus),
         cache_dir=args.cache_dir,

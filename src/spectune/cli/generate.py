@@ -7,7 +7,12 @@ import json
 import sys
 from typing import Any
 
-from spectune.cli.common import add_model_args, add_sampling_args, parse_dtype, sampling_from_args
+from spectune.cli.common import (
+    add_model_args,
+    add_sampling_args,
+    precision_from_args,
+    sampling_from_args,
+)
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
@@ -120,9 +125,19 @@ def run(args: argparse.Namespace) -> int:
     spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
     policy = build_policy(spec, params=params)  # checks the options before loading models
-    dtype = parse_dtype(args.dtype)
-    target = load_target(args.target, dtype=dtype, runtime=args.runtime)
-    drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
+    precision, device = precision_from_args(args)
+    dtype, quantize = precision.dtype, precision.quantize
+    target = load_target(
+        args.target, dtype=dtype, runtime=args.runtime, quantize=quantize, device=device
+    )
+    drafter = load_drafter(
+        args.draft or "ngram",
+        target,
+        dtype=dtype,
+        runtime=args.runtime,
+        quantize=quantize,
+        device=device,
+    )
     if args.tree_width is not None or args.tree_nodes is not None:
         drafter = tree_drafter(drafter, target.model, args)
     prompt = prompt_tokens(args, target.tokenizer)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spectune.cli.common import add_precision_args, precision_from_args
 from spectune.errors import InvalidParameterError
 from spectune.pairing import load_target
 from spectune.prompts import load_prompts
@@ -44,6 +45,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--no-confirm", action="store_true", help="skip the real runs")
     parser.add_argument("--report-dir", type=Path, default=Path("select-report"))
+    add_precision_args(parser)
     parser.set_defaults(run=run)
 
 
@@ -53,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.per_category < 1:
         raise InvalidParameterError("--per-category must be at least 1")
-    target = load_target(args.target)
+    precision, device = precision_from_args(args)
+    target = load_target(
+        args.target, dtype=precision.dtype, quantize=precision.quantize, device=device
+    )
     chosen = load_prompts(
         args.prompts,
         split=None if args.split == "all" else args.split,
@@ -67,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         max_k=args.max_k,
         extra_ks=tuple(args.extra_k),
         confirm=not args.no_confirm,
+        precision=precision,
+        device=device,
     )
     # Piped output gets rich's 80 columns, too narrow for the table: widen it there.
     console = Console() if sys.stdout.isatty() else Console(width=160)

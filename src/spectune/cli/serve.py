@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from spectune.cli.common import add_model_args, parse_dtype
+from spectune.cli.common import add_model_args, precision_from_args
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
@@ -106,9 +106,19 @@ def run(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         speculate_max_batch=args.speculate_max_batch,
     )
-    dtype = parse_dtype(args.dtype)
-    target = load_target(args.target, dtype=dtype, runtime=args.runtime)
-    drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
+    precision, device = precision_from_args(args)
+    dtype, quantize = precision.dtype, precision.quantize
+    target = load_target(
+        args.target, dtype=dtype, runtime=args.runtime, quantize=quantize, device=device
+    )
+    drafter = load_drafter(
+        args.draft or "ngram",
+        target,
+        dtype=dtype,
+        runtime=args.runtime,
+        quantize=quantize,
+        device=device,
+    )
     draft = DraftSource.from_drafter(drafter)
 
     def default_policy(params: SamplingParams) -> KPolicy:

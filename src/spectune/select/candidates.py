@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from spectune.drafters.base import Drafter
 from spectune.drafters.loading import (
     feature_drafter_from_folder,
@@ -16,6 +18,7 @@ from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import SpectuneError
 from spectune.models.loading import load_model, resolve_model_path
+from spectune.models.quant import PRECISIONS, Precision
 from spectune.pairing import Loaded, compatibility_problems, draft_tokenizer
 
 __all__ = ["Candidate", "SizeBand", "resolve_candidate", "size_band"]
@@ -60,7 +63,13 @@ class Candidate:
         return self.drafter is not None and not self.problems
 
 
-def resolve_candidate(spec: str, target: Loaded) -> Candidate:
+def resolve_candidate(
+    spec: str,
+    target: Loaded,
+    *,
+    precision: Precision = PRECISIONS["fp32"],
+    device: torch.device | str = "cpu",
+) -> Candidate:
     if spec == "ngram":
         return Candidate(spec, "ngram", NgramDrafter(), None, ())
     try:
@@ -74,7 +83,7 @@ def resolve_candidate(spec: str, target: Loaded) -> Candidate:
                 drafter.head.cfg.hidden_size
             )
             return Candidate(spec, "feature", drafter, params, ())
-        model = load_model(path)
+        model = load_model(path, dtype=precision.dtype, quantize=precision.quantize, device=device)
         problems = compatibility_problems(
             target.model.info, target.tokenizer, model.info, draft_tokenizer(path)
         )

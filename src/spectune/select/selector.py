@@ -12,12 +12,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from spectune.costs import (
     CostCurve,
     expected_tokens_per_step,
     measure_forward_curve,
     predicted_speedup,
 )
+from spectune.models.quant import PRECISIONS, Precision
 from spectune.pairing import Loaded
 from spectune.select.alpha import AlphaEstimate, Continuation, estimate_alpha, make_continuations
 from spectune.select.candidates import Candidate, SizeBand, resolve_candidate, size_band
@@ -38,6 +41,10 @@ class SelectSettings:
     max_k: int = 8
     extra_ks: tuple[int, ...] = ()  # also run these K, for the predicted-vs-measured plot
     confirm: bool = True
+    # How candidate draft models run: the target's precision and device (the target is
+    # loaded by the caller with the same ones).
+    precision: Precision = PRECISIONS["fp32"]
+    device: torch.device = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -235,7 +242,9 @@ def select(
     results: list[CandidateResult] = []
     for i, spec in enumerate(specs):
         progress("candidates", i, len(specs))
-        candidate = resolve_candidate(spec, target)
+        candidate = resolve_candidate(
+            spec, target, precision=settings.precision, device=settings.device
+        )
         results.append(
             _evaluate(candidate, target, continuations, curve, settings, confirm_prompts, baseline)
         )
