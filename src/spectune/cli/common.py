@@ -7,8 +7,10 @@ import argparse
 import torch
 
 from spectune.devices import DEVICES, resolve_device
+from spectune.drafters.base import Drafter
 from spectune.errors import InvalidParameterError
 from spectune.models.quant import PRECISIONS, Precision
+from spectune.pairing import Loaded
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -16,6 +18,7 @@ __all__ = [
     "add_device_arg",
     "add_model_args",
     "add_precision_args",
+    "load_from_args",
     "add_sampling_args",
     "parse_precision",
     "precision_from_args",
@@ -50,6 +53,22 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
         "--dtype", default="fp32", choices=sorted({*PRECISIONS, *_ALIASES}), help=DTYPE_HELP
     )
     add_device_arg(parser)
+
+
+def load_from_args(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
+    """The target and drafter that ``--target``, ``--draft`` (default ``ngram``),
+    ``--dtype``, ``--runtime`` and ``--device`` name (``add_model_args``)."""
+    from spectune.pairing import load_drafter, load_target
+
+    precision, device = precision_from_args(args)
+    options = {
+        "dtype": precision.dtype,
+        "runtime": args.runtime,
+        "quantize": precision.quantize,
+        "device": device,
+    }
+    target = load_target(args.target, **options)
+    return target, load_drafter(args.draft or "ngram", target, **options)
 
 
 def precision_from_args(args: argparse.Namespace) -> tuple[Precision, torch.device]:

@@ -10,7 +10,7 @@ from typing import Any
 from spectune.cli.common import (
     add_model_args,
     add_sampling_args,
-    precision_from_args,
+    load_from_args,
     sampling_from_args,
 )
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
@@ -22,7 +22,7 @@ from spectune.engine import Generation, SpeculativeEngine
 from spectune.models.base import LanguageModel
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.trace import TraceWriter
-from spectune.pairing import load_drafter, load_target, tree_drafter_for
+from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
 from spectune.textgen import stream_text
 from spectune.tokenizer import Tokenizer
@@ -125,19 +125,7 @@ def run(args: argparse.Namespace) -> int:
     spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
     policy = build_policy(spec, params=params)  # checks the options before loading models
-    precision, device = precision_from_args(args)
-    dtype, quantize = precision.dtype, precision.quantize
-    target = load_target(
-        args.target, dtype=dtype, runtime=args.runtime, quantize=quantize, device=device
-    )
-    drafter = load_drafter(
-        args.draft or "ngram",
-        target,
-        dtype=dtype,
-        runtime=args.runtime,
-        quantize=quantize,
-        device=device,
-    )
+    target, drafter = load_from_args(args)
     if args.tree_width is not None or args.tree_nodes is not None:
         drafter = tree_drafter(drafter, target.model, args)
     prompt = prompt_tokens(args, target.tokenizer)

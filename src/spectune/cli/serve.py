@@ -13,14 +13,13 @@ import os
 import sys
 from typing import Any
 
-from spectune.cli.common import add_model_args, precision_from_args
+from spectune.cli.common import add_model_args, load_from_args
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
 from spectune.errors import InvalidParameterError
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
-from spectune.pairing import load_drafter, load_target
 from spectune.sampling import SamplingParams
 from spectune.server.engines import ENGINES, DraftSource, EngineSettings, build_engine
 
@@ -106,19 +105,7 @@ def run(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         speculate_max_batch=args.speculate_max_batch,
     )
-    precision, device = precision_from_args(args)
-    dtype, quantize = precision.dtype, precision.quantize
-    target = load_target(
-        args.target, dtype=dtype, runtime=args.runtime, quantize=quantize, device=device
-    )
-    drafter = load_drafter(
-        args.draft or "ngram",
-        target,
-        dtype=dtype,
-        runtime=args.runtime,
-        quantize=quantize,
-        device=device,
-    )
+    target, drafter = load_from_args(args)
     draft = DraftSource.from_drafter(drafter)
 
     def default_policy(params: SamplingParams) -> KPolicy:

@@ -105,7 +105,33 @@ def fits_int4(out_features: int, in_features: int) -> bool:
     return out_features % 16 == 0 and in_features % GROUP_SIZE == 0
 
 
-class Int4Linear(nn.Module):
+class _WeightOnlyLinear(nn.Module):
+    """What both quantised layers share: bf16 kernel inputs, outputs cast back to the
+    input's dtype, an optional float bias, and ``.weight`` as float for weight readers."""
+
+    in_features: int
+    out_features: int
+    bias: Tensor | None
+
+    def _matmul(self, rows: Tensor) -> Tensor:  # [rows, in] bf16 -> [rows, out] bf16
+        raise NotImplementedError
+
+    @property
+    def weight(self) -> Tensor:
+        """The float weights [out, in] the layer multiplies by: the layer applied to the
+        identity (so exactly the kernel's values, bf16-rounded), for readers of ``.weight``
+        such as a feature head sharing the target's output rows."""
+        eye = torch.eye(self.in_features, dtype=_KERNEL_DTYPE)
+        weight: Tensor = self._matmul(eye).float().T.contiguous()
+        return weight
+
+    def forward(self, x: Tensor) -> Tensor:  # x: [..., in] -> [..., out]
+        out = self._matmul(x.reshape(-1, self.in_features).to(_KERNEL_DTYPE))
+        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias.to(x.dtype)
+
+
+class Int4Linear(_WeightOnlyLinear):
     """``y = x W^T + b`` with W in int4 groups of 32 (see the module docstring)."""
 
     def __init__(self, codes: Int4Codes, bias: Tensor | None = None) -> None:
@@ -118,28 +144,21 @@ class Int4Linear(nn.Module):
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.codes.to(torch.int32), 1)
         scales_and_zeros = torch.stack((codes.scales, codes.zeros), dim=-1)  # [out, groups, 2]
         self.packed: Tensor
-        self.scales_and_zeros: Tensor
-        self.bias: Tensor | None
+        self.scales_and_zeros: Tensor  # [groups, out, 2] bf16
         self.register_buffer("packed", packed)
         self.register_buffer(
             "scales_and_zeros", scales_and_zeros.transpose(0, 1).contiguous().to(_KERNEL_DTYPE)
         )
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
-    @property
-    def weight(self) -> Tensor:
-        return _dequantized(self)
-
-    def forward(self, x: Tensor) -> Tensor:  # x: [..., in] -> [..., out]
-        rows = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
+    def _matmul(self, rows: Tensor) -> Tensor:
         out: Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
             rows, self.packed, GROUP_SIZE, self.scales_and_zeros
         )
-        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias.to(x.dtype)
+        return out
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(_WeightOnlyLinear):
     """``y = x W^T + b`` with W in int8, one scale per output row."""
 
     def __init__(self, codes: Tensor, scales: Tensor, bias: Tensor | None = None) -> None:
@@ -147,33 +166,13 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = codes.shape  # codes: [out, in] int8
         self.codes: Tensor
         self.scales: Tensor
-        self.bias: Tensor | None
         self.register_buffer("codes", codes.to(torch.int8).contiguous())
         self.register_buffer("scales", scales.to(_KERNEL_DTYPE))  # [out]
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
-    @property
-    def weight(self) -> Tensor:
-        return _dequantized(self)
-
-    def forward(self, x: Tensor) -> Tensor:  # x: [..., in] -> [..., out]
-        rows = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
+    def _matmul(self, rows: Tensor) -> Tensor:
         out: Tensor = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
-        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias.to(x.dtype)
-
-
-def _dequantized(layer: Int4Linear | Int8Linear) -> Tensor:
-    """The float weights [out, in] a quantised layer multiplies by: the layer applied to the
-    identity (so exactly the kernel's values, bf16-rounded), for readers of ``.weight``
-    such as a feature head sharing the target's output rows."""
-    eye = torch.eye(layer.in_features, dtype=_KERNEL_DTYPE)
-    bias, layer.bias = layer.bias, None
-    try:
-        weight: Tensor = layer(eye).float().T.contiguous()  # [out, in]
-        return weight
-    finally:
-        layer.bias = bias
+        return out
 
 
 def int4_codes_from_float(weight: Tensor) -> Int4Codes:
