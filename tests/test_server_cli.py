@@ -20,15 +20,14 @@ from spectune.server.testing import running_server, toy_tokenizer
 def captured(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, toy_target: LlamaLM
 ) -> dict[str, Any]:
-    import spectune.pairing as pairing
+    import spectune.cli.common as common
 
     tokenizer = toy_tokenizer(tmp_path / "tok")
     weights = tmp_path / "toy.gguf"
     weights.touch()  # never read: load_target is replaced below
     loaded = Loaded(toy_target, tokenizer, weights)
     calls: dict[str, Any] = {}
-    # The CLI loads through cli.common.load_from_args, which looks it up here.
-    monkeypatch.setattr(pairing, "load_target", lambda ref, **kw: loaded)
+    monkeypatch.setattr(common, "load_target", lambda ref, **kw: loaded)
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.update(app=app, **kw))
     monkeypatch.delenv("SPECTUNE_API_KEY", raising=False)
     return calls

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
+from spectune.control.config import PolicySpec
 from spectune.devices import DEVICES, resolve_device
 from spectune.drafters.base import Drafter
 from spectune.errors import InvalidParameterError
 from spectune.models.quant import PRECISIONS, Precision
-from spectune.pairing import Loaded
+from spectune.pairing import Loaded, drafter_summary, load_drafter, load_target
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -18,11 +20,13 @@ __all__ = [
     "add_device_arg",
     "add_model_args",
     "add_precision_args",
-    "load_from_args",
     "add_sampling_args",
+    "load_models",
     "parse_precision",
     "precision_from_args",
+    "print_warning",
     "sampling_from_args",
+    "startup_line",
 ]
 
 _ALIASES = {"float32": "fp32", "bfloat16": "bf16"}
@@ -45,6 +49,18 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--runtime", default="auto", choices=("auto", "native", "hf"))
     add_precision_args(parser)
+    parser.add_argument(
+        "--allow-missing-weights",
+        action="store_true",
+        help="load a model whose files lack weights it expects or hold tensors it does not "
+        "use (warns; missing weights stay random). Default: refuse",
+    )
+    parser.add_argument(
+        "--trust-draft-vocab",
+        action="store_true",
+        help="pair a draft that ships no tokenizer without comparing its token strings "
+        "with the target's (warns). Default: refuse",
+    )
 
 
 def add_precision_args(parser: argparse.ArgumentParser) -> None:
@@ -55,27 +71,6 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
     add_device_arg(parser)
 
 
-def load_from_args(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
-    """The target and drafter that ``--target``, ``--draft`` (default ``ngram``),
-    ``--dtype``, ``--runtime`` and ``--device`` name (``add_model_args``)."""
-    from spectune.pairing import load_drafter, load_target
-
-    precision, device = precision_from_args(args)
-    options = {
-        "dtype": precision.dtype,
-        "runtime": args.runtime,
-        "quantize": precision.quantize,
-        "device": device,
-    }
-    target = load_target(args.target, **options)
-    return target, load_drafter(args.draft or "ngram", target, **options)
-
-
-def precision_from_args(args: argparse.Namespace) -> tuple[Precision, torch.device]:
-    precision = parse_precision(args.dtype)
-    return precision, resolve_device(args.device, cpu_kernels=precision.quantize != "none")
-
-
 def add_device_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",
@@ -84,6 +79,50 @@ def add_device_arg(parser: argparse.ArgumentParser) -> None:
         help="where models run: auto (default: cuda when torch sees a GPU and the dtype is "
         "not int8/int4, else cpu), cpu or cuda",
     )
+
+
+def precision_from_args(args: argparse.Namespace) -> tuple[Precision, torch.device]:
+    precision = parse_precision(args.dtype)
+    return precision, resolve_device(args.device, cpu_kernels=precision.quantize != "none")
+
+
+def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
+    """The target and the drafter that ``add_model_args`` describe (default drafter: ngram),
+    at the ``--dtype`` precision on ``--device``."""
+    precision, device = precision_from_args(args)
+    target = load_target(
+        args.target,
+        dtype=precision.dtype,
+        runtime=args.runtime,
+        allow_missing_weights=args.allow_missing_weights,
+        quantize=precision.quantize,
+        device=device,
+    )
+    drafter = load_drafter(
+        args.draft or "ngram",
+        target,
+        dtype=precision.dtype,
+        runtime=args.runtime,
+        allow_missing_weights=args.allow_missing_weights,
+        trust_draft_vocab=args.trust_draft_vocab,
+        quantize=precision.quantize,
+        device=device,
+    )
+    return target, drafter
+
+
+def startup_line(drafter: Drafter | None, spec: PolicySpec) -> str:
+    """Which drafter is really active and under which K policy, in one line."""
+    options = ", ".join(f"{key}={value}" for key, value in sorted(spec.options.items()))
+    policy = f"policy {spec.name}" + (f" ({options})" if options else "")
+    if drafter is None:
+        policy = "no speculation"
+    return f"drafter {drafter_summary(drafter)}; {policy}"
+
+
+def print_warning(message: str) -> None:
+    """One warning line on stderr, as the CLI prints them."""
+    print(f"spectune: warning: {message}", file=sys.stderr, flush=True)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -10,8 +10,10 @@ from typing import Any
 from spectune.cli.common import (
     add_model_args,
     add_sampling_args,
-    load_from_args,
+    load_models,
+    print_warning,
     sampling_from_args,
+    startup_line,
 )
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
@@ -125,10 +127,11 @@ def run(args: argparse.Namespace) -> int:
     spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
     policy = build_policy(spec, params=params)  # checks the options before loading models
-    target, drafter = load_from_args(args)
+    target, drafter = load_models(args)
     if args.tree_width is not None or args.tree_nodes is not None:
         drafter = tree_drafter(drafter, target.model, args)
     prompt = prompt_tokens(args, target.tokenizer)
+    print(f"spectune: {startup_line(drafter, spec)}", file=sys.stderr, flush=True)
     engine = SpeculativeEngine(target.model, drafter)
     info = {
         "policy": spec.name,
@@ -140,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     }
     trace = TraceWriter(args.trace) if args.trace else None
     try:
-        watch = Monitor(trace=trace).request(policy=policy, info=info)
+        watch = Monitor(trace=trace, on_warning=print_warning).request(policy=policy, info=info)
         gen, text = decode(engine, target.tokenizer, prompt, params, policy, not args.json, watch)
         watch.finish()
         plain = None

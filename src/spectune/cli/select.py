@@ -44,6 +44,11 @@ def register(subparsers: Any) -> None:
         help="also measure this K for the predicted-vs-measured plot",
     )
     parser.add_argument("--no-confirm", action="store_true", help="skip the real runs")
+    parser.add_argument(
+        "--trust-draft-vocab",
+        action="store_true",
+        help="rank drafts that ship no tokenizer without comparing their token strings",
+    )
     parser.add_argument("--report-dir", type=Path, default=Path("select-report"))
     add_precision_args(parser)
     parser.set_defaults(run=run)
@@ -74,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         confirm=not args.no_confirm,
         precision=precision,
         device=device,
+        trust_draft_vocab=args.trust_draft_vocab,
     )
     # Piped output gets rich's 80 columns, too narrow for the table: widen it there.
     console = Console() if sys.stdout.isatty() else Console(width=160)

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from spectune.cli.common import add_model_args, load_from_args
+from spectune.cli.common import add_model_args, load_models, print_warning, startup_line
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         speculate_max_batch=args.speculate_max_batch,
     )
-    target, drafter = load_from_args(args)
+    target, drafter = load_models(args)
     draft = DraftSource.from_drafter(drafter)
 
     def default_policy(params: SamplingParams) -> KPolicy:
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         context_limit=context,
         policies=policies,
-        monitor=Monitor(registry=metrics.registry, trace=trace),
+        monitor=Monitor(registry=metrics.registry, trace=trace, on_warning=print_warning),
         metrics=metrics,
     )
     if not args.api_key and not _is_loopback(args.host):
@@ -142,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
             "reach it can use it (set --api-key or SPECTUNE_API_KEY)",
             file=sys.stderr,
         )
+    print(f"spectune: {startup_line(drafter, spec)}; engine {args.engine}", file=sys.stderr)
     print(
         f"spectune: serving '{name}' (drafter {draft.name or 'none'}, policy {spec.name}, engine "
         f"{args.engine}) at http://{args.host}:{args.port}/v1",

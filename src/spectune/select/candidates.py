@@ -11,15 +11,13 @@ import torch
 from spectune.drafters.base import Drafter
 from spectune.drafters.loading import (
     feature_drafter_from_folder,
-    lm_drafter_from_folder,
     read_draft_meta,
 )
-from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import SpectuneError
 from spectune.models.loading import load_model, resolve_model_path
 from spectune.models.quant import PRECISIONS, Precision
-from spectune.pairing import Loaded, compatibility_problems, draft_tokenizer
+from spectune.pairing import Loaded, draft_tokenizer, paired_model_drafter, pairing_problems
 
 __all__ = ["Candidate", "SizeBand", "resolve_candidate", "size_band"]
 
@@ -67,6 +65,7 @@ def resolve_candidate(
     spec: str,
     target: Loaded,
     *,
+    trust_draft_vocab: bool = False,
     precision: Precision = PRECISIONS["fp32"],
     device: torch.device | str = "cpu",
 ) -> Candidate:
@@ -84,19 +83,17 @@ def resolve_candidate(
             )
             return Candidate(spec, "feature", drafter, params, ())
         model = load_model(path, dtype=precision.dtype, quantize=precision.quantize, device=device)
-        problems = compatibility_problems(
-            target.model.info, target.tokenizer, model.info, draft_tokenizer(path)
+        problems = pairing_problems(
+            model, draft_tokenizer(path), meta, target, trust_draft_vocab=trust_draft_vocab
         )
         if problems:
             return Candidate(spec, "model", None, model.info.num_parameters, tuple(problems))
-        if meta is not None:
-            return Candidate(
-                spec,
-                "distilled-lm",
-                lm_drafter_from_folder(path, model),
-                model.info.num_parameters,
-                (),
-            )
-        return Candidate(spec, "model", ModelDrafter(model), model.info.num_parameters, ())
+        return Candidate(
+            spec,
+            "model" if meta is None else "distilled-lm",
+            paired_model_drafter(path, model, meta, target.model),
+            model.info.num_parameters,
+            (),
+        )
     except SpectuneError as exc:
         return Candidate(spec, "unknown", None, None, (str(exc),))

@@ -45,6 +45,7 @@ class SelectSettings:
     # loaded by the caller with the same ones).
     precision: Precision = PRECISIONS["fp32"]
     device: torch.device = torch.device("cpu")
+    trust_draft_vocab: bool = False  # pair drafts without a tokenizer (spectune.pairing)
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,11 @@ def select(
     for i, spec in enumerate(specs):
         progress("candidates", i, len(specs))
         candidate = resolve_candidate(
-            spec, target, precision=settings.precision, device=settings.device
+            spec,
+            target,
+            trust_draft_vocab=settings.trust_draft_vocab,
+            precision=settings.precision,
+            device=settings.device,
         )
         results.append(
             _evaluate(candidate, target, continuations, curve, settings, confirm_prompts, baseline)
