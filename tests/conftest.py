@@ -10,6 +10,16 @@ from spectune.models.llama import LlamaLM
 from spectune.models.toy import perturbed, toy_model
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` run only where torch sees a CUDA GPU; elsewhere they skip."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def toy_target() -> LlamaLM:
     return toy_model(0, scale=3.0)

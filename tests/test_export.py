@@ -1,4 +1,4 @@
-"""``spectune export``: select/bench results into vLLM and SGLang flags."""
+"""``spectune export``: select/bench results into vLLM, SGLang and llama.cpp flags."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import pytest
 
 from spectune.cli import main
 from spectune.errors import InvalidParameterError
-from spectune.export import Tuning, read_tuning, to_sglang, to_vllm
+from spectune.export import (
+    LLAMACPP_VERSION,
+    Tuning,
+    read_tuning,
+    to_llamacpp,
+    to_sglang,
+    to_vllm,
+)
 
 
 def write(tmp_path: Path, data: object) -> Path:
@@ -165,3 +172,63 @@ def test_cli_overrides_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "--speculative-algorithm NGRAM" in capsys.readouterr().out
     assert main(["export", str(tmp_path / "missing.json"), "--to", "vllm"]) == 2
     assert main(["export", "--to", "vllm", "--k", "4"]) == 2
+
+
+# llama-server flags as spelled in common/arg.cpp of the llama.cpp vendored by
+# llama-cpp-python 0.3.36 (ggml-org/llama.cpp@0c1e57098, read from the sdist, not built),
+# and the ones that version removed (they fail with "the argument has been removed").
+LLAMA_SERVER_FLAGS = {
+    "--model",
+    "--spec-type",
+    "--spec-draft-model",
+    "--spec-draft-n-max",
+    "--spec-draft-n-min",
+    "--spec-draft-p-min",
+    "--spec-ngram-simple-size-n",
+    "--spec-ngram-simple-size-m",
+}
+LLAMA_SERVER_REMOVED = {"--draft", "--draft-n", "--draft-max", "--draft-min", "--draft-n-min"}
+LLAMA_SPEC_TYPES = {"draft-simple", "ngram-simple"}
+
+
+def _flags(words: list[str]) -> dict[str, str]:
+    return dict(zip(words[1::2], words[2::2], strict=True))
+
+
+def test_llamacpp_draft_model_flags() -> None:
+    plan = to_llamacpp(Tuning("/models/draft.gguf", 5, target="/models/target.gguf"))
+    words = shlex.split(plan.command)
+    assert words[0] == "llama-server"
+    flags = _flags(words)
+    assert set(flags) <= LLAMA_SERVER_FLAGS and not set(flags) & LLAMA_SERVER_REMOVED
+    assert flags == {
+        "--model": "/models/target.gguf",
+        "--spec-type": "draft-simple",  # without it a plain draft GGUF is never used
+        "--spec-draft-model": "/models/draft.gguf",
+        "--spec-draft-n-max": "5",
+        "--spec-draft-n-min": "0",
+        "--spec-draft-p-min": "0",
+    }
+    assert plan.args == words[3:]
+    assert LLAMACPP_VERSION in " ".join(plan.notes)
+    assert not any("GGUF" in note for note in plan.notes)
+
+
+def test_llamacpp_ngram_flags_and_notes() -> None:
+    plan = to_llamacpp(Tuning("ngram", 4, speculate_max_batch=8))
+    flags = _flags(shlex.split(plan.command))
+    assert set(flags) <= LLAMA_SERVER_FLAGS and flags["--spec-type"] in LLAMA_SPEC_TYPES
+    assert flags["--spec-ngram-simple-size-m"] == "4"
+    assert flags["--spec-ngram-simple-size-n"] == "3"
+    notes = " ".join(plan.notes)
+    assert "--parallel" in notes  # no per-batch switch in llama-server
+    assert "GGUF" in notes  # the placeholder target is not a GGUF file
+
+
+def test_llamacpp_wants_gguf_drafts(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["export", "--to", "llamacpp", "--draft", "/models/draft", "--k", "3", "--json"]
+    assert main([*argv, "--target", "t.gguf"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine"] == "llamacpp"
+    assert any("convert_hf_to_gguf" in note for note in out["notes"])
+    assert out["args"][out["args"].index("--spec-draft-n-max") + 1] == "3"

@@ -1,4 +1,4 @@
-"""Carry a tuned setup to the engines users scale out on: vLLM and SGLang.
+"""Carry a tuned setup to the engines users scale out on: vLLM, SGLang and llama.cpp.
 
 A tuned setup is a draft, a K and the batch size above which speculation stops paying.
 ``read_tuning`` takes them from a result file, tolerating the shapes spectune writes:
@@ -12,9 +12,11 @@ A tuned setup is a draft, a K and the batch size above which speculation stops p
   ``k_by_batch_size`` ``{"1": 5, "8": 2, "16": 0}``: the threshold is then the largest
   batch size before the first K of 0.
 
-``to_vllm`` and ``to_sglang`` turn it into those engines' flags (names as of vLLM's
-``SpeculativeConfig`` and SGLang's server arguments). What an engine cannot express is
-said in ``notes``, never dropped silently.
+``to_vllm``, ``to_sglang`` and ``to_llamacpp`` turn it into those engines' flags (names as
+of vLLM's ``SpeculativeConfig``, SGLang's server arguments, and ``llama-server``'s
+``common/arg.cpp`` in the llama.cpp that ``llama-cpp-python`` vendors: see
+``LLAMACPP_VERSION``). What an engine cannot express is said in ``notes``, never dropped
+silently.
 """
 
 from __future__ import annotations
@@ -29,9 +31,26 @@ from typing import Any
 from spectune.engine import validate_k
 from spectune.errors import InvalidParameterError
 
-__all__ = ["ENGINES", "ExportPlan", "Tuning", "export", "read_tuning", "to_sglang", "to_vllm"]
+__all__ = [
+    "ENGINES",
+    "LLAMACPP_VERSION",
+    "ExportPlan",
+    "Tuning",
+    "export",
+    "read_tuning",
+    "to_llamacpp",
+    "to_sglang",
+    "to_vllm",
+]
 
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang", "llamacpp")
+# The llama.cpp whose llama-server flags ``to_llamacpp`` writes: the one vendored by the
+# llama-cpp-python sdist that ``spectune[llamacpp]`` builds. In it ``--draft-max`` /
+# ``--draft-min`` are removed (they fail with "the argument has been removed"): the
+# draft size is ``--spec-draft-n-max`` / ``--spec-draft-n-min``, and a draft model drafts
+# only under ``--spec-type draft-simple`` (without a type, a plain draft GGUF is loaded
+# but never used).
+LLAMACPP_VERSION = "llama-cpp-python 0.3.36, llama.cpp ggml-org/llama.cpp@0c1e57098"
 
 
 @dataclass(frozen=True)
@@ -267,9 +286,69 @@ def to_sglang(tuning: Tuning) -> ExportPlan:
     return ExportPlan("sglang", args, command, {}, notes)
 
 
+def to_llamacpp(tuning: Tuning) -> ExportPlan:
+    """``llama-server`` flags (see ``LLAMACPP_VERSION``): a draft model as ``--spec-type
+    draft-simple`` drafting exactly K tokens (``--spec-draft-n-max K``, ``--spec-draft-n-min
+    0``, ``--spec-draft-p-min 0``: no early stop on a hesitant draft, like spectune's fixed
+    K); n-gram lookup as ``--spec-type ngram-simple``, a 3-token lookup n-gram followed by
+    a K-token draft."""
+    tuning = _check(tuning)
+    assert tuning.draft is not None and tuning.target is not None
+    notes: list[str] = []
+    if tuning.draft == "ngram":
+        args = [
+            "--spec-type",
+            "ngram-simple",
+            "--spec-ngram-simple-size-n",
+            "3",
+            "--spec-ngram-simple-size-m",
+            str(tuning.k),
+        ]
+        notes.append(
+            "llama.cpp's ngram-simple looks up exactly 3 tokens; spectune's n-gram drafter "
+            "backs off from 3 to 1 when the longer match fails"
+        )
+    else:
+        args = [
+            "--spec-type",
+            "draft-simple",
+            "--spec-draft-model",
+            tuning.draft,
+            "--spec-draft-n-max",
+            str(tuning.k),
+            "--spec-draft-n-min",
+            "0",
+            "--spec-draft-p-min",
+            "0",
+        ]
+        if tuning.draft.startswith("model:"):
+            notes.append(f"the draft is named '{tuning.draft}'; replace it with its GGUF file")
+        elif not tuning.draft.endswith(".gguf"):
+            notes.append(
+                f"llama.cpp loads drafts as GGUF files: convert {tuning.draft} with llama.cpp's "
+                "convert_hf_to_gguf.py"
+            )
+    if not tuning.target.endswith(".gguf"):
+        notes.append(f"llama.cpp loads the target as a GGUF file, not {tuning.target}")
+    if tuning.speculate_max_batch is not None:
+        notes.append(
+            f"llama-server has no flag to stop speculating above a batch size; speculation "
+            f"paid only up to {tuning.speculate_max_batch} running requests here, so keep "
+            f"--parallel near it or serve larger batches without speculation"
+        )
+    notes.append(
+        f"flag names as of {LLAMACPP_VERSION}; older llama.cpp builds spell the draft size "
+        "--draft-max / --draft-min"
+    )
+    command = shlex.join(["llama-server", "--model", tuning.target, *args])
+    return ExportPlan("llamacpp", args, command, {}, notes)
+
+
 def export(tuning: Tuning, engine: str) -> ExportPlan:
     if engine == "vllm":
         return to_vllm(tuning)
     if engine == "sglang":
         return to_sglang(tuning)
+    if engine == "llamacpp":
+        return to_llamacpp(tuning)
     raise InvalidParameterError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")

@@ -59,8 +59,9 @@ class StaticKVCache:
 
     def slots(self, chunk: int) -> Tensor:
         """Slots the next ``chunk`` tokens go to: [batch, chunk] int64."""
-        starts = torch.tensor(self.lengths, dtype=torch.long)
-        return starts[:, None] + torch.arange(chunk)[None, :]
+        device = self.keys[0].device
+        starts = torch.tensor(self.lengths, dtype=torch.long, device=device)
+        return starts[:, None] + torch.arange(chunk, device=device)[None, :]
 
     def view(self, layer: int, used: int) -> tuple[Tensor, Tensor]:
         """Keys and values of the first ``used`` slots: 2 x [batch, kv_heads, used, head_dim]."""
@@ -75,7 +76,7 @@ class StaticKVCache:
             self.keys[layer][:, :, start:end] = keys.transpose(1, 2)
             self.values[layer][:, :, start:end] = values.transpose(1, 2)
             return
-        rows = torch.arange(self.batch_size)[:, None]  # [batch, 1]
+        rows = torch.arange(self.batch_size, device=slots.device)[:, None]  # [batch, 1]
         # Advanced indices around a slice put the indexed dims first: [batch, chunk, kv, dim].
         self.keys[layer][rows, :, slots] = keys
         self.values[layer][rows, :, slots] = values
@@ -91,6 +92,7 @@ class StaticKVCache:
         then truncates to ``dst_start + n``.
         """
         dst = slice(dst_start, dst_start + src.numel())
+        src = src.to(self.keys[0].device)
         for layer in range(len(self.keys)):
             self.keys[layer][row, :, dst] = self.keys[layer][row, :, src].clone()
             self.values[layer][row, :, dst] = self.values[layer][row, :, src].clone()

@@ -40,6 +40,7 @@ from spectune.drafters.tree import TreeDrafter, TreeGrower, TreeShape
 from spectune.errors import IncompatibleModelsError, InvalidParameterError, SpectuneWarning
 from spectune.models.base import LanguageModel, ModelInfo, takes_tree_masks
 from spectune.models.loading import load_model, resolve_model_path
+from spectune.models.quant import QuantMode
 from spectune.models.vocab import TargetVocabModel
 from spectune.tokenizer import Tokenizer, load_tokenizer
 
@@ -75,13 +76,20 @@ def load_target(
     dtype: torch.dtype = torch.float32,
     runtime: str = "auto",
     allow_missing_weights: bool = False,
+    quantize: QuantMode = "none",
+    device: torch.device | str = "cpu",
 ) -> Loaded:
     """Load a target model and its tokenizer (``default``, a .gguf file or an HF folder).
 
     ``allow_missing_weights``: see ``spectune.models.loading.load_model``."""
     path = resolve_model_path(ref)
     model = load_model(
-        path, dtype=dtype, runtime=runtime, allow_missing_weights=allow_missing_weights
+        path,
+        dtype=dtype,
+        runtime=runtime,
+        allow_missing_weights=allow_missing_weights,
+        quantize=quantize,
+        device=device,
     )
     return Loaded(model, load_tokenizer(path), path)
 
@@ -218,9 +226,13 @@ def load_drafter(
     runtime: str = "auto",
     allow_missing_weights: bool = False,
     trust_draft_vocab: bool = False,
+    quantize: QuantMode = "none",
+    device: torch.device | str = "cpu",
 ) -> Drafter | None:
     """``None``/``none`` -> no drafter; ``ngram`` -> prompt lookup; else a draft model path or
-    shipped draft name, checked against the target before use.
+    shipped draft name, checked against the target before use. A draft model runs at the
+    target's precision (``quantize``: the same kernels keep the draft step cheap relative
+    to a quantised target) on the target's ``device``; a feature head on the CPU.
 
     ``trust_draft_vocab`` pairs a draft without a tokenizer, warning (``SpectuneWarning``)
     that its token strings were not compared; ``allow_missing_weights``: see
@@ -235,7 +247,12 @@ def load_drafter(
         # A feature head shares the target's embedding and output rows, hence its tokenizer.
         return feature_drafter_from_folder(path, target.model)
     model = load_model(
-        path, dtype=dtype, runtime=runtime, allow_missing_weights=allow_missing_weights
+        path,
+        dtype=dtype,
+        runtime=runtime,
+        allow_missing_weights=allow_missing_weights,
+        quantize=quantize,
+        device=device,
     )
     tokenizer = draft_tokenizer(path)
     problems = pairing_problems(model, tokenizer, meta, target, trust_draft_vocab=trust_draft_vocab)

@@ -32,6 +32,7 @@ from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel, ModelInfo
 from spectune.models.llama import LlamaConfig, LlamaLM
 from spectune.models.loading import resolve_model_path, save_native
+from spectune.models.quant import PRECISIONS, quantize_net
 from spectune.models.toy import toy_model
 from spectune.pairing import Loaded, load_drafter, load_target, tree_drafter_for
 from spectune.sampling import SamplingParams
@@ -47,7 +48,6 @@ __all__ = [
 ]
 
 CURVE_SIZES = (1, 2, 4, 8, 16)  # tokens per forward in the reported verification-cost curve
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 RANDOM_DRAFT_SCALE = 8.0  # logit spread of the random draft: confident and wrong
 
 
@@ -201,10 +201,10 @@ def _tree_systems(config: BenchConfig, target: LanguageModel, draft: DraftSource
     return systems
 
 
-def _hf_model(path: Path, dtype: torch.dtype) -> Any:
+def _hf_model(path: Path, dtype: torch.dtype, device: torch.device) -> Any:
     from spectune.models.hf import load_hf_model
 
-    return load_hf_model(path, dtype=dtype).model
+    return load_hf_model(path, dtype=dtype).model.to(device)
 
 
 def load_workbench(
@@ -216,18 +216,29 @@ def load_workbench(
     ``scratch`` holds the random draft's HF folder for transformers (a temporary folder
     when None).
     """
-    if dtype_name not in DTYPES:
-        raise InvalidParameterError(f"unknown dtype {dtype_name!r} (fp32 or bf16)")
-    dtype = DTYPES[dtype_name]
+    if dtype_name not in PRECISIONS:
+        raise InvalidParameterError(f"unknown dtype {dtype_name!r} ({', '.join(PRECISIONS)})")
+    precision = PRECISIONS[dtype_name]
+    dtype, quantize = precision.dtype, precision.quantize
+    # The weight-only kernels are CPU kernels: int8 / int4 run there whatever the device.
+    device = torch.device("cpu" if quantize != "none" else config.device)
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    loaded = load_target(config.target, dtype=dtype, runtime="native")
+    loaded = load_target(
+        config.target, dtype=dtype, runtime="native", quantize=quantize, device=device
+    )
+    notes: list[str] = []
     needs_hf = any(config.runs(key) for key in ("hf", "hf-assisted", "hf-heuristic", "hf-lookup"))
-    hf_target = _hf_model(loaded.path, dtype) if needs_hf else None
+    if needs_hf and quantize != "none":
+        needs_hf = False
+        notes.append(
+            f"{dtype_name}: no transformers systems (transformers runs no weight-only "
+            "int8/int4 CPU kernels to compare with)"
+        )
+    hf_target = _hf_model(loaded.path, dtype, device) if needs_hf else None
     wants_assistant = hf_target is not None and (
         config.runs("hf-assisted") or config.runs("hf-heuristic")
     )
     drafts: list[DraftSource] = []
-    notes: list[str] = []
     for spec in config.drafters:
         if spec == "ngram":
             drafts.append(DraftSource("ngram", NgramDrafter()))
@@ -237,12 +248,15 @@ def load_workbench(
             if wants_assistant:
                 folder = Path(scratch or tempfile.mkdtemp(prefix="spectune-bench-")) / "random"
                 save_native(model, folder)
-                assistant = _hf_model(folder, dtype)
+                assistant = _hf_model(folder, dtype, device)
             # After saving: ``to`` converts the module in place.
-            drafter_model = LlamaLM(model.net.to(dtype), name="random")
+            drafter_model = LlamaLM(model.net.to(dtype=dtype, device=device), name="random")
+            quantize_net(drafter_model.net, quantize)
             drafts.append(DraftSource("random", ModelDrafter(drafter_model), assistant))
         else:
-            drafter = load_drafter(spec, loaded, dtype=dtype, runtime="native")
+            drafter = load_drafter(
+                spec, loaded, dtype=dtype, runtime="native", quantize=quantize, device=device
+            )
             if drafter is None:
                 continue
             path = resolve_model_path(spec)
@@ -250,7 +264,8 @@ def load_workbench(
             # Only a plain LM draft is something transformers can run as an assistant; a
             # feature head reads spectune's target states.
             hf_loadable = isinstance(drafter, ModelDrafter)
-            assistant = _hf_model(path, dtype) if wants_assistant and hf_loadable else None
+            wanted = wants_assistant and hf_loadable
+            assistant = _hf_model(path, dtype, device) if wanted else None
             if wants_assistant and not hf_loadable:
                 notes.append(
                     f"{label}: transformers cannot run a '{drafter.name}' draft as an "

@@ -48,7 +48,8 @@ class BenchConfig:
     temperatures: tuple[float, ...] = (0.0,)
     max_tokens: int = 64
     repeats: int = 3
-    dtypes: tuple[str, ...] = ("fp32",)
+    dtypes: tuple[str, ...] = ("fp32",)  # precisions: fp32, bf16, int8, int4
+    device: str = "cpu"  # resolved (cpu or cuda); int8 / int4 always run on the CPU
     ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     policies: tuple[str, ...] = ("threshold", "cost")
     trees: tuple[str, ...] = ()  # token-tree shapes "WIDTHxNODES" for each draft model

@@ -219,7 +219,7 @@ class HFSystem:
 
     @torch.inference_mode()
     def run(self, prompt: Sequence[int], params: SamplingParams, seed: int) -> CallResult:
-        input_ids = torch.tensor([list(prompt)])  # [1, prompt]
+        input_ids = torch.tensor([list(prompt)], device=self.model.device)  # [1, prompt]
         target_meter, draft_meter = ForwardMeter(), ForwardMeter()
         with contextlib.ExitStack() as stack:
             # transformers samples from the global generator: fork it so the seed stays local.

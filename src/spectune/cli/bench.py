@@ -32,6 +32,8 @@ def _names(text: str) -> tuple[str, ...]:
 
 def register(subparsers: Any) -> None:
     from spectune.bench.plan import SYSTEM_KEYS
+    from spectune.cli.common import add_device_arg
+    from spectune.models.quant import PRECISIONS
 
     parser = subparsers.add_parser(
         "bench",
@@ -57,8 +59,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
-        "--dtype", action="append", choices=("fp32", "bf16"), default=None, help="repeatable"
+        "--dtype",
+        action="append",
+        choices=tuple(PRECISIONS),
+        default=None,
+        help="repeatable: fp32, bf16, int8, int4 (weight-only kernels on the CPU)",
     )
+    add_device_arg(parser)
     parser.add_argument("--k", default="1,2,4,6,8", help="fixed Ks, comma-separated")
     parser.add_argument("--policies", default="threshold,cost", help="adaptive K policies")
     parser.add_argument(
@@ -85,6 +92,7 @@ def register(subparsers: Any) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     from spectune.bench.plan import BenchConfig
+    from spectune.devices import resolve_device
     from spectune.engine import validate_k
     from spectune.models.loading import resolve_model_path
     from spectune.shipped import shipped_drafts
@@ -101,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         max_tokens=args.max_tokens,
         repeats=args.repeats,
         dtypes=tuple(dict.fromkeys(args.dtype or ["fp32"])),
+        device=resolve_device(args.device).type,
         ks=tuple(validate_k(k) for k in _numbers(args.k, int, "--k")),
         policies=_names(args.policies),
         trees=_names(args.trees),
@@ -119,6 +128,7 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--draft", draft]
     if args.prompts is not None:
         parts += ["--prompts", str(args.prompts)]
+    parts += ["--device", args.device]
     for flag in ("categories", "limit_per_category", "budget_minutes", "threads"):
         value = getattr(args, flag)
         if value is not None:

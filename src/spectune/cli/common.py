@@ -8,27 +8,32 @@ import sys
 import torch
 
 from spectune.control.config import PolicySpec
+from spectune.devices import DEVICES, resolve_device
 from spectune.drafters.base import Drafter
 from spectune.errors import InvalidParameterError
+from spectune.models.quant import PRECISIONS, Precision
 from spectune.pairing import Loaded, drafter_summary, load_drafter, load_target
 from spectune.sampling import SamplingParams
 
 __all__ = [
+    "DTYPE_HELP",
+    "add_device_arg",
     "add_model_args",
+    "add_precision_args",
     "add_sampling_args",
     "load_models",
-    "parse_dtype",
+    "parse_precision",
+    "precision_from_args",
     "print_warning",
     "sampling_from_args",
     "startup_line",
 ]
 
-DTYPES = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-}
+_ALIASES = {"float32": "fp32", "bfloat16": "bf16"}
+DTYPE_HELP = (
+    "weights' precision: fp32, bf16, or int8 / int4 weight-only quantisation on PyTorch's "
+    "CPU kernels (rest of the model in fp32; a Q4_0/Q4_1 GGUF maps onto int4 as stored)"
+)
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -42,8 +47,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="drafter: a draft model (.gguf, HF folder, shipped draft name), 'ngram' or 'none'",
     )
-    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     parser.add_argument("--runtime", default="auto", choices=("auto", "native", "hf"))
+    add_precision_args(parser)
     parser.add_argument(
         "--allow-missing-weights",
         action="store_true",
@@ -58,22 +63,50 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_precision_args(parser: argparse.ArgumentParser) -> None:
+    """``--dtype`` (the precision) and ``--device``; read them with ``precision_from_args``."""
+    parser.add_argument(
+        "--dtype", default="fp32", choices=sorted({*PRECISIONS, *_ALIASES}), help=DTYPE_HELP
+    )
+    add_device_arg(parser)
+
+
+def add_device_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=DEVICES,
+        help="where models run: auto (default: cuda when torch sees a GPU and the dtype is "
+        "not int8/int4, else cpu), cpu or cuda",
+    )
+
+
+def precision_from_args(args: argparse.Namespace) -> tuple[Precision, torch.device]:
+    precision = parse_precision(args.dtype)
+    return precision, resolve_device(args.device, cpu_kernels=precision.quantize != "none")
+
+
 def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
-    """The target and the drafter that ``add_model_args`` describe (default drafter: ngram)."""
-    dtype = parse_dtype(args.dtype)
+    """The target and the drafter that ``add_model_args`` describe (default drafter: ngram),
+    at the ``--dtype`` precision on ``--device``."""
+    precision, device = precision_from_args(args)
     target = load_target(
         args.target,
-        dtype=dtype,
+        dtype=precision.dtype,
         runtime=args.runtime,
         allow_missing_weights=args.allow_missing_weights,
+        quantize=precision.quantize,
+        device=device,
     )
     drafter = load_drafter(
         args.draft or "ngram",
         target,
-        dtype=dtype,
+        dtype=precision.dtype,
         runtime=args.runtime,
         allow_missing_weights=args.allow_missing_weights,
         trust_draft_vocab=args.trust_draft_vocab,
+        quantize=precision.quantize,
+        device=device,
     )
     return target, drafter
 
@@ -101,11 +134,11 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
-def parse_dtype(name: str) -> torch.dtype:
+def parse_precision(name: str) -> Precision:
     try:
-        return DTYPES[name]
+        return PRECISIONS[_ALIASES.get(name, name)]
     except KeyError as exc:
-        raise InvalidParameterError(f"unknown dtype {name!r}") from exc
+        raise InvalidParameterError(f"unknown dtype {name!r} ({', '.join(PRECISIONS)})") from exc
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:

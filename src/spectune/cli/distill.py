@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from spectune.cli.common import add_device_arg
+from spectune.devices import resolve_device
 from spectune.distill.data import DistillCorpus, GenerationSettings, build_answer_features
 from spectune.distill.models import DraftArchitecture
 from spectune.distill.pipeline import CorpusPlan, build_corpora, distill
@@ -104,6 +106,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--heldout", type=int, default=48, help="held-out sequences")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_device_arg(parser)
     parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
     parser.add_argument(
         "--follow-cache",
@@ -201,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     budget = Budget(max_steps=args.steps, max_tokens=args.tokens, max_minutes=args.minutes)
-    target = load_target(args.target)
+    # The target generates the corpus on --device; the draft trains on the CPU.
+    target = load_target(args.target, device=resolve_device(args.device))
     if not isinstance(target.model, LlamaLM):
         raise InvalidParameterError("distillation needs a target on the native runtime")
     feature_layers = _feature_layers(args.feature_layers, target.model.net.cfg.num_layers)

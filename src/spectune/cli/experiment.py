@@ -1,4 +1,5 @@
-"""``spectune experiment tree|batch|chunked``: the measurements behind the README figures.
+"""``spectune experiment tree|batch|chunked|runtimes``: the measurements behind the README
+figures.
 
 ``--toy`` runs the same code on the toy models in seconds (to check a command works);
 real runs use the default target, a draft (``--draft``: path, shipped name, or a
@@ -40,9 +41,10 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "experiment", help="measure trees vs chains, batching, chunked verification"
+        "experiment",
+        help="measure trees vs chains, batching, chunked verification, runtimes",
     )
-    parser.add_argument("which", choices=("tree", "batch", "chunked"))
+    parser.add_argument("which", choices=("tree", "batch", "chunked", "runtimes"))
     parser.add_argument("--toy", action="store_true", help="toy models: seconds, for checks")
     parser.add_argument("--target", default="default")
     parser.add_argument(
@@ -75,6 +77,12 @@ def register(subparsers: Any) -> None:
     chunked.add_argument("--ks", type=_ints, default=(4, 8))
     chunked.add_argument("--groups", type=_ints, default=(2,))
     chunked.add_argument("--temperature", type=float, default=0.0)
+    runtimes = parser.add_argument_group("runtimes")
+    runtimes.add_argument(
+        "--precisions",
+        default="fp32,bf16,int8,int4",
+        help="comma-separated, the first is the reference (runtimes; test prompts)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -91,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.which == "runtimes":
+        _write(args.out, {"command": args.command_line, **_runtimes(args)})
+        return 0
     setup = (
         toy_setup()
         if args.toy
@@ -107,10 +118,14 @@ def run(args: argparse.Namespace) -> int:
         report.update(_batch(setup, args))
     else:
         report.update(_chunked(setup, args))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    _write(args.out, report)
     return 0
+
+
+def _write(out: Path | None, report: dict[str, Any]) -> None:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2), encoding="utf-8")
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
@@ -233,4 +248,75 @@ def _chunked(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
     return {
         "cost_curve": {"sizes": list(curve.sizes), "seconds": list(curve.seconds)},
         "rows": [r.as_dict() for r in rows],
+    }
+
+
+def _runtimes(args: argparse.Namespace) -> dict[str, object]:
+    import torch
+
+    from spectune.cli.common import parse_precision
+    from spectune.experiments.runtimes import compare_runtimes
+    from spectune.models.base import LanguageModel
+
+    precisions = [parse_precision(name) for name in args.precisions.split(",") if name]
+    if not precisions:
+        raise InvalidParameterError("--precisions: give at least one")
+    models: dict[str, LanguageModel] = {}
+    prompts: list[tuple[int, ...]]
+    if args.toy:
+        import copy
+
+        from spectune.models.llama import LlamaLM
+        from spectune.models.quant import quantize_net
+
+        base = toy_setup()
+        assert isinstance(base.target, LlamaLM)
+        for precision in precisions:
+            net = copy.deepcopy(base.target.net).to(precision.dtype)
+            quantize_net(net, precision.quantize)
+            models[precision.name] = LlamaLM(net)
+        prompts = [tokens for _, tokens in base.prompts]
+        description = "toy target"
+    else:
+        from spectune.pairing import load_target
+        from spectune.prompts import load_prompts
+
+        for precision in precisions:
+            loaded = load_target(args.target, dtype=precision.dtype, quantize=precision.quantize)
+            models[precision.name] = loaded.model
+        prompts = [
+            tuple(p.tokens(loaded.tokenizer))
+            for p in load_prompts(split="test", limit_per_category=args.per_category)
+        ]
+        description = f"{loaded.model.info.name}, test prompts"
+    results = compare_runtimes(models, prompts, max_tokens=args.max_tokens or 48)
+    reference = precisions[0].name
+    base_speed = max(results[0].tokens_per_second, 1e-9)
+    _table(
+        f"Runtimes ({description}, {len(prompts)} prompts, {torch.get_num_threads()} threads; "
+        f"against {reference})",
+        ["precision", "tokens/s", "speed", "max |dlogit|", "mean |dlogit|", "same", "prefix"],
+        [
+            [
+                r.precision,
+                r.tokens_per_second,
+                f"{r.tokens_per_second / base_speed:.2f}x",
+                r.max_logit_error,
+                r.mean_logit_error,
+                f"{r.identical}/{r.prompts}",
+                r.prefix_agreement,
+            ]
+            for r in results
+        ],
+    )
+    _table(
+        "Verification cost v(k): a forward over k + 1 tokens / one token",
+        ["precision", *(f"v({n - 1})" for n in results[0].curve.sizes[1:])],
+        [[r.precision, *(s / r.curve.seconds[0] for s in r.curve.seconds[1:])] for r in results],
+    )
+    return {
+        "setup": description,
+        "prompts": len(prompts),
+        "threads": torch.get_num_threads(),
+        "runtimes": [r.as_dict() for r in results],
     }

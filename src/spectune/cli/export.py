@@ -1,4 +1,4 @@
-"""``spectune export --to vllm|sglang``: a tuned setup as another engine's flags."""
+"""``spectune export --to vllm|sglang|llamacpp``: a tuned setup as another engine's flags."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "export",
-        help="turn a select/bench result into vLLM or SGLang speculative-decoding flags",
+        help="turn a select/bench result into vLLM, SGLang or llama.cpp speculative-decoding flags",
         description="Reads a 'spectune select' JSON (recommendation.draft, recommendation.k) "
         "or a 'spectune bench' results.json (best spectune row by speedup); explicit "
         "options override what the file says.",

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spectune.cli.common import add_precision_args, precision_from_args
 from spectune.errors import InvalidParameterError
 from spectune.models.loading import resolve_model_path
 from spectune.pairing import load_target
@@ -50,6 +51,7 @@ def register(subparsers: Any) -> None:
         help="rank drafts that ship no tokenizer without comparing their token strings",
     )
     parser.add_argument("--report-dir", type=Path, default=Path("select-report"))
+    add_precision_args(parser)
     parser.set_defaults(run=run)
 
 
@@ -62,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     # Settings are checked before minutes of loading.
     if args.report_dir.exists() and not args.report_dir.is_dir():
         raise InvalidParameterError(f"--report-dir {args.report_dir} is a file")
+    precision, device = precision_from_args(args)
     settings = SelectSettings(
         continuation_tokens=args.continuation_tokens,
         confirm_prompts=args.confirm_prompts,
@@ -69,12 +72,16 @@ def run(args: argparse.Namespace) -> int:
         max_k=args.max_k,
         extra_ks=tuple(args.extra_k),
         confirm=not args.no_confirm,
+        precision=precision,
+        device=device,
         trust_draft_vocab=args.trust_draft_vocab,
     )
     for spec in args.candidates:  # a missing file is a typo: fail before the loading
         if spec != "ngram":
             resolve_model_path(spec)
-    target = load_target(args.target)
+    target = load_target(
+        args.target, dtype=precision.dtype, quantize=precision.quantize, device=device
+    )
     chosen = load_prompts(
         args.prompts,
         split=None if args.split == "all" else args.split,

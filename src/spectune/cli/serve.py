@@ -19,7 +19,7 @@ import torch
 from spectune.cli.common import (
     add_model_args,
     load_models,
-    parse_dtype,
+    precision_from_args,
     print_warning,
     startup_line,
 )
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         speculate_max_batch=args.speculate_max_batch,
         draft_deadline=args.draft_deadline or None,
     )
-    parse_dtype(args.dtype)  # a bad --dtype is refused before the port is bound
+    precision_from_args(args)  # a bad --dtype or --device is refused before the port is bound
     sock = listen(args.host, args.port)
     with sock:
         return _serve(args, spec, limits, settings, sock)

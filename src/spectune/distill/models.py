@@ -297,8 +297,10 @@ class FeatureDraftModel:
 def feature_head_for(
     cfg: FeatureHeadConfig, target: LlamaTransformer, vocab_subset: Tensor | None
 ) -> FeatureHead:
-    """A head wired to the target's frozen embedding and (subset of) output rows."""
-    output = target.lm_head.weight
+    """A head wired to the target's frozen embedding and (subset of) output rows, on the
+    CPU where drafts train (a target on a GPU only generates the corpus)."""
+    output = target.lm_head.weight.detach().to("cpu")
     if vocab_subset is not None:
         output = output[vocab_subset]
-    return FeatureHead(cfg, target.embed_tokens.weight.detach(), output.detach().clone())
+    embedding = target.embed_tokens.weight.detach().to("cpu")
+    return FeatureHead(cfg, embedding, output.clone())

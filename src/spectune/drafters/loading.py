@@ -66,7 +66,7 @@ def read_draft_meta(path: Path) -> DraftMeta | None:
 def target_fingerprint(target: LlamaTransformer) -> float:
     """Mean norm of the first 256 embedding rows: tells checkpoints of different models
     apart while tolerating quantisation (a GGUF and its f16 original agree to ~1%)."""
-    rows = target.embed_tokens.weight.detach()[:256].float()
+    rows = target.embed_tokens.weight.detach()[:256].float().to("cpu")
     return float(rows.norm(dim=-1).mean())
 
 
@@ -151,10 +151,11 @@ def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDra
         raise ModelLoadError(f"cannot read {path / 'model.safetensors'}: {exc}") from exc
     subset = state.pop("vocab_subset", None)
     subset = None if subset is None else subset.long()
-    output = net.lm_head.weight.detach()
+    # The head runs on the CPU beside the decode loop (``spectune.devices``).
+    output = net.lm_head.weight.detach().to("cpu")
     head = FeatureHead(
         cfg,
-        net.embed_tokens.weight.detach(),
+        net.embed_tokens.weight.detach().to("cpu"),
         output if subset is None else output[subset].clone(),
     )
     missing, unexpected = head.load_state_dict({k: v.float() for k, v in state.items()}, False)

@@ -132,9 +132,12 @@ class HFModel:
                     "(sliding-window or non-eager/SDPA attention); use the native runtime"
                 )
             extra["attention_mask"] = self._tree_mask(start, chunk_mask)
-        cache_position = torch.arange(start, start + chunk)
+        device = self.model.device
+        cache_position = torch.arange(start, start + chunk, device=device)
+        if positions is not None:
+            positions = positions.to(device)
         out = self.model(
-            input_ids=tokens,
+            input_ids=tokens.to(device),
             use_cache=True,
             cache_position=cache_position,
             position_ids=(cache_position[None] if positions is None else positions),
@@ -143,7 +146,8 @@ class HFModel:
             **extra,
         )
         cache._length = start + chunk
-        return ModelOutput(logits=out.logits, hidden=out.hidden_states[-1])
+        # Outputs come back on the CPU (``spectune.devices``).
+        return ModelOutput(logits=out.logits.to("cpu"), hidden=out.hidden_states[-1].to("cpu"))
 
     def _tree_mask(self, start: int, chunk_mask: Tensor) -> Tensor:
         """[1, chunk, chunk] bool (True = may attend) -> [1, 1, chunk, start + chunk] additive
@@ -152,7 +156,10 @@ class HFModel:
         visible = torch.ones(1, 1, chunk, start + chunk, dtype=torch.bool)
         visible[0, 0, :, start:] = chunk_mask[0]
         dtype = self.model.dtype
-        return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+        additive = torch.zeros(visible.shape, dtype=dtype).masked_fill(
+            ~visible, torch.finfo(dtype).min
+        )
+        return additive.to(self.model.device)
 
 
 def load_hf_model(

@@ -74,7 +74,8 @@ class RMSNorm(nn.Module):
 
 def rotary_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
     """cos/sin for rotary embeddings. positions: [batch, chunk] -> 2 x [batch, chunk, head_dim]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    steps = torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device)
+    inv_freq = 1.0 / (theta ** (steps / head_dim))
     angles = positions.float()[..., None] * inv_freq  # [batch, chunk, head_dim / 2]
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
@@ -228,15 +229,16 @@ def attention_mask(
     used = max(lengths) + chunk
     if chunk_mask is None and chunk == 1 and len(lengths) == 1:
         return None, used
+    device = slots.device  # the cache's, hence the model's
     if chunk_mask is None:
-        chunk_mask = torch.ones(chunk, chunk, dtype=torch.bool).tril()
+        chunk_mask = torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril()
         chunk_mask = chunk_mask.expand(len(lengths), chunk, chunk)
-    starts = torch.tensor(lengths)[:, None, None]  # [batch, 1, 1]
-    mask = torch.arange(used)[None, None, :] < starts  # prefix: [batch, 1, used]
+    starts = torch.tensor(lengths, device=device)[:, None, None]  # [batch, 1, 1]
+    mask = torch.arange(used, device=device)[None, None, :] < starts  # prefix: [batch, 1, used]
     mask = mask.expand(len(lengths), chunk, used).clone()
-    rows = torch.arange(len(lengths))[:, None, None]
-    queries = torch.arange(chunk)[None, :, None]
-    mask[rows, queries, slots[:, None, :]] = chunk_mask
+    rows = torch.arange(len(lengths), device=device)[:, None, None]
+    queries = torch.arange(chunk, device=device)[None, :, None]
+    mask[rows, queries, slots[:, None, :]] = chunk_mask.to(device)
     return mask[:, None], used
 
 
@@ -283,6 +285,11 @@ class LlamaLM:
     def dtype(self) -> torch.dtype:
         return self.net.embed_tokens.weight.dtype
 
+    @property
+    def device(self) -> torch.device:
+        """Where forwards run (``spectune.devices``: outputs always come back on the CPU)."""
+        return self.net.embed_tokens.weight.device
+
     def new_cache(self, batch_size: int = 1, capacity: int | None = None) -> StaticKVCache:
         cfg = self.net.cfg
         return StaticKVCache(
@@ -292,7 +299,7 @@ class LlamaLM:
             kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
             dtype=self.dtype,
-            device=self.net.embed_tokens.weight.device,
+            device=self.device,
         )
 
     @torch.inference_mode()
@@ -312,11 +319,12 @@ class LlamaLM:
                 f"sequence would reach {max(cache.lengths) + chunk} tokens, over the "
                 f"context of {cache.capacity}"
             )
-        slots = cache.slots(chunk)
+        device = self.device
+        slots = cache.slots(chunk)  # on the cache's device
         mask, used = attention_mask(cache.lengths, chunk, slots, chunk_mask)
         logits, hidden = self.net(
-            tokens,
-            slots if positions is None else positions,
+            tokens.to(device),
+            slots if positions is None else positions.to(device),
             cache,
             slots,
             mask,
@@ -324,7 +332,8 @@ class LlamaLM:
             self.feature_layers,
         )
         cache.advance(chunk)
-        return ModelOutput(logits=logits, hidden=hidden)
+        # ``to`` is free on the CPU; from a GPU it brings the step's outputs to the decode loop.
+        return ModelOutput(logits=logits.to("cpu"), hidden=hidden.to("cpu"))
 
 
 def truncated(model: LlamaLM, num_layers: int) -> LlamaLM:

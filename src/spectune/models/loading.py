@@ -27,12 +27,20 @@ from spectune.cache_dir import derived_path
 from spectune.errors import ModelLoadError, SpectuneWarning
 from spectune.models.base import LanguageModel
 from spectune.models.llama import LlamaConfig, LlamaLM, LlamaTransformer
+from spectune.models.quant import (
+    QUANT_MODES,
+    Int4Codes,
+    QuantMode,
+    int4_codes_from_gguf,
+    quantize_net,
+)
 
 __all__ = [
     "DEFAULT_TARGET",
     "check_weights",
     "default_target_path",
     "load_model",
+    "gguf_quantized_layers",
     "native_from_gguf",
     "native_from_folder",
     "resolve_model_path",
@@ -88,12 +96,55 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     runtime: str = "auto",
     allow_missing_weights: bool = False,
+    quantize: QuantMode = "none",
+    device: torch.device | str = "cpu",
 ) -> LanguageModel:
     """Load a target or draft model. ``runtime``: ``auto`` | ``native`` | ``hf``.
 
-    Weights the model expects but the files lack, or tensors it does not use, raise
-    ``ModelLoadError``; ``allow_missing_weights`` warns instead (missing ones then keep
-    their random initialisation)."""
+    ``quantize`` (``int8`` | ``int4``) puts the native runtime's linear layers on PyTorch's
+    weight-only CPU kernels (``spectune.models.quant``); ``dtype`` stays the dtype of
+    everything else (embeddings, norms, attention, the KV cache). ``device``: where the
+    forwards run (``spectune.devices``). Weights the model expects but the files lack, or
+    tensors it does not use, raise ``ModelLoadError``; ``allow_missing_weights`` warns
+    instead (missing ones then keep their random initialisation)."""
+    if quantize not in QUANT_MODES:
+        raise ModelLoadError(f"unknown quantization {quantize!r} (none, int8 or int4)")
+    device = torch.device(device)
+    if quantize != "none" and device.type != "cpu":
+        raise ModelLoadError(
+            f"--dtype {quantize} runs on PyTorch's CPU kernels only; use fp32 or bf16 on "
+            f"{device.type}"
+        )
+    model = _load_unquantized(
+        ref, dtype=dtype, runtime=runtime, allow_missing_weights=allow_missing_weights
+    )
+    if device.type != "cpu":
+        _to_device(model, device)
+    if quantize == "none":
+        return model
+    if not isinstance(model, LlamaLM):
+        raise ModelLoadError("--quantize needs the native runtime (a Llama-family model)")
+    path = resolve_model_path(ref)
+    sources: dict[str, Int4Codes] = {}
+    int8_names: frozenset[str] = frozenset()
+    if path.is_file():
+        sources, int8_names = gguf_quantized_layers(path, model.net.cfg)
+    quantize_net(model.net, quantize, int4_sources=sources, int8_names=int8_names)
+    return model
+
+
+def _to_device(model: LanguageModel, device: torch.device) -> None:
+    from spectune.models.hf import HFModel
+
+    if isinstance(model, LlamaLM):
+        model.net.to(device)
+    elif isinstance(model, HFModel):
+        model.model.to(device)
+
+
+def _load_unquantized(
+    ref: str | Path, *, dtype: torch.dtype, runtime: str, allow_missing_weights: bool
+) -> LanguageModel:
     if runtime not in ("auto", "native", "hf"):
         raise ModelLoadError(f"unknown runtime {runtime!r} (auto, native or hf)")
     path = resolve_model_path(ref)
@@ -300,6 +351,47 @@ def _read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
             values = _unpermute(values, kv_heads)
         state[name] = torch.from_numpy(values.copy())
     return cfg, state
+
+
+def gguf_quantized_layers(
+    path: Path, cfg: LlamaConfig
+) -> tuple[dict[str, Int4Codes], frozenset[str]]:
+    """The GGUF's linear layers as the int4 kernel takes them, read from the file's blocks.
+
+    Returns (Q4_0 / Q4_1 layers by module name as exact int4 codes, the names of Q8_0
+    layers, which keep 8 bits). A tied output head takes the embedding's storage type.
+    """
+    reader = _gguf_reader(path)
+    sources: dict[str, Int4Codes] = {}
+    int8_names: set[str] = set()
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        if name is None or not name.endswith(".weight") or name.endswith("norm.weight"):
+            continue
+        module = name.removesuffix(".weight")
+        if name == "embed_tokens.weight":
+            if not cfg.tie_word_embeddings:
+                continue  # an embedding only: looked up, never multiplied
+            module = "lm_head"
+        kind = tensor.tensor_type.name
+        if kind == "Q8_0":
+            int8_names.add(module)
+        if kind not in ("Q4_0", "Q4_1"):
+            continue
+        try:
+            codes = int4_codes_from_gguf(np.asarray(tensor.data), kind)
+        except ValueError as exc:
+            raise ModelLoadError(f"{path}: cannot read {tensor.name}'s blocks: {exc}") from exc
+        heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(module.split(".")[-1])
+        if cfg.family == "llama" and heads is not None:
+            codes = Int4Codes(
+                *(
+                    torch.from_numpy(_unpermute(t.numpy(), heads).copy())
+                    for t in (codes.codes, codes.scales, codes.zeros)
+                )
+            )
+        sources[module] = codes
+    return sources, frozenset(int8_names)
 
 
 # GGUF tensors the native runtime knowingly does without: rope_freqs holds precomputed

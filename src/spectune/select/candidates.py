@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from spectune.drafters.base import Drafter
 from spectune.drafters.loading import (
     feature_drafter_from_folder,
@@ -14,6 +16,7 @@ from spectune.drafters.loading import (
 from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import SpectuneError
 from spectune.models.loading import load_model, resolve_model_path
+from spectune.models.quant import PRECISIONS, Precision
 from spectune.pairing import Loaded, draft_tokenizer, paired_model_drafter, pairing_problems
 
 __all__ = ["Candidate", "SizeBand", "resolve_candidate", "size_band"]
@@ -58,7 +61,14 @@ class Candidate:
         return self.drafter is not None and not self.problems
 
 
-def resolve_candidate(spec: str, target: Loaded, *, trust_draft_vocab: bool = False) -> Candidate:
+def resolve_candidate(
+    spec: str,
+    target: Loaded,
+    *,
+    trust_draft_vocab: bool = False,
+    precision: Precision = PRECISIONS["fp32"],
+    device: torch.device | str = "cpu",
+) -> Candidate:
     if spec == "ngram":
         return Candidate(spec, "ngram", NgramDrafter(), None, ())
     try:
@@ -72,7 +82,7 @@ def resolve_candidate(spec: str, target: Loaded, *, trust_draft_vocab: bool = Fa
                 drafter.head.cfg.hidden_size
             )
             return Candidate(spec, "feature", drafter, params, ())
-        model = load_model(path)
+        model = load_model(path, dtype=precision.dtype, quantize=precision.quantize, device=device)
         problems = pairing_problems(
             model, draft_tokenizer(path), meta, target, trust_draft_vocab=trust_draft_vocab
         )

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from spectune.costs import (
     CostCurve,
     expected_tokens_per_step,
@@ -20,6 +22,7 @@ from spectune.costs import (
 )
 from spectune.engine import validate_k
 from spectune.errors import InvalidParameterError
+from spectune.models.quant import PRECISIONS, Precision
 from spectune.pairing import Loaded
 from spectune.select.alpha import AlphaEstimate, Continuation, estimate_alpha, make_continuations
 from spectune.select.candidates import Candidate, SizeBand, resolve_candidate, size_band
@@ -40,6 +43,10 @@ class SelectSettings:
     max_k: int = 8
     extra_ks: tuple[int, ...] = ()  # also run these K, for the predicted-vs-measured plot
     confirm: bool = True
+    # How candidate draft models run: the target's precision and device (the target is
+    # loaded by the caller with the same ones).
+    precision: Precision = PRECISIONS["fp32"]
+    device: torch.device = torch.device("cpu")
     trust_draft_vocab: bool = False  # pair drafts without a tokenizer (spectune.pairing)
 
     def __post_init__(self) -> None:
@@ -245,7 +252,13 @@ def select(
     results: list[CandidateResult] = []
     for i, spec in enumerate(specs):
         progress("candidates", i, len(specs))
-        candidate = resolve_candidate(spec, target, trust_draft_vocab=settings.trust_draft_vocab)
+        candidate = resolve_candidate(
+            spec,
+            target,
+            trust_draft_vocab=settings.trust_draft_vocab,
+            precision=settings.precision,
+            device=settings.device,
+        )
         results.append(
             _evaluate(candidate, target, continuations, curve, settings, confirm_prompts, baseline)
         )

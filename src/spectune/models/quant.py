@@ -1,0 +1,253 @@
+"""Weight-only quantized linear layers on PyTorch's CPU kernels, and GGUF blocks mapped onto them.
+
+Kernels (PyTorch's own; nothing hand-written here):
+
+- int4: ``torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 32, scales_and_zeros)``.
+  ``x`` [rows, in] bf16; ``packed`` from ``_convert_weight_to_int4pack_for_cpu(codes, 1)``
+  with ``codes`` [out, in] in 0..15; ``scales_and_zeros`` [in / 32, out, 2] bf16. Each
+  weight dequantises as ``(code - 8) * scale + zero`` over groups of 32 inputs (the
+  gpt-fast / torchao convention, ``zero = min + 8 * scale``; ``test_quant`` checks it
+  against this PyTorch). ``out`` must be a multiple of 16 and ``in`` of 32.
+- int8: ``torch.ops.aten._weight_int8pack_mm(x, codes, scales)``: ``codes`` [out, in]
+  int8, one bf16 ``scale`` per output row.
+
+Both want bf16 activations: fp32 (or fp16) activations take PyTorch's slow fallback
+(10-40x slower on this machine's shapes), so a layer casts its input to bf16 and its
+output back to the trunk's dtype.
+
+GGUF blocks (32 weights along the input dimension, fp16 ``d`` and ``m``):
+
+- Q4_1: ``w = d * q + m`` = ``(q - 8) * d + (m + 8 d)``: scale ``d``, zero ``m + 8 d``.
+- Q4_0: ``w = d * (q - 8)``: scale ``d``, zero 0.
+  Both map exactly in formula; the kernel stores scale and zero in bf16, so ``d`` (an
+  fp16) and ``m + 8 d`` are rounded to 8 significant bits (relative error <= 2^-9), and
+  activations are bf16. Those are the only departures from the dequantised model.
+- Q8_0 has one scale per block, the int8 kernel one per output row: the block values are
+  requantised per row (``scale = max |w_row| / 127``), an error of at most half that
+  scale per weight. With ``int4``, Q8_0 tensors (the default model's tied embedding /
+  output head) go to the int8 kernel rather than lose four bits.
+- Other tensors (F32, F16, other block types) are quantised from their float values:
+  int4 asymmetric min/max per group of 32, int8 symmetric per row.
+
+Quantised layers are inference only (no gradients) and CPU only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "GROUP_SIZE",
+    "PRECISIONS",
+    "Precision",
+    "QUANT_MODES",
+    "Int4Codes",
+    "Int4Linear",
+    "Int8Linear",
+    "QuantMode",
+    "int4_codes_from_float",
+    "int4_codes_from_gguf",
+    "int8_codes_from_float",
+    "quantize_net",
+]
+
+GROUP_SIZE = 32  # inputs per int4 group; also the GGUF Q4/Q8 block size
+QuantMode = Literal["none", "int8", "int4"]
+QUANT_MODES: tuple[QuantMode, ...] = ("none", "int8", "int4")
+_KERNEL_DTYPE = torch.bfloat16
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a model runs: the dtype of its activations, norms, embeddings and KV cache, and
+    whether its linear layers use weight-only quantised kernels."""
+
+    name: str  # "fp32", "bf16", "int8", "int4": what the CLI's --dtype and reports say
+    dtype: torch.dtype
+    quantize: QuantMode
+
+
+# int8 / int4 keep the rest of the model in fp32: measured as fast as a bf16 trunk on the
+# default model, with a third less logit error (the kernels see bf16 inputs either way).
+PRECISIONS: dict[str, Precision] = {
+    p.name: p
+    for p in (
+        Precision("fp32", torch.float32, "none"),
+        Precision("bf16", torch.bfloat16, "none"),
+        Precision("int8", torch.float32, "int8"),
+        Precision("int4", torch.float32, "int4"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Int4Codes:
+    """Group-quantised weights: ``w[o, i] = (codes[o, i] - 8) * scales[o, g] + zeros[o, g]``
+    with ``g = i // 32``."""
+
+    codes: Tensor  # [out, in] uint8 in 0..15
+    scales: Tensor  # [out, in / 32] fp32
+    zeros: Tensor  # [out, in / 32] fp32
+
+    def dequantized(self) -> Tensor:
+        """The fp32 weights these codes stand for (before the kernel's bf16 rounding)."""
+        scales = self.scales.repeat_interleave(GROUP_SIZE, dim=1)
+        zeros = self.zeros.repeat_interleave(GROUP_SIZE, dim=1)
+        return (self.codes.float() - 8.0) * scales + zeros
+
+
+def fits_int4(out_features: int, in_features: int) -> bool:
+    return out_features % 16 == 0 and in_features % GROUP_SIZE == 0
+
+
+class _WeightOnlyLinear(nn.Module):
+    """What both quantised layers share: bf16 kernel inputs, outputs cast back to the
+    input's dtype, an optional float bias, and ``.weight`` as float for weight readers."""
+
+    in_features: int
+    out_features: int
+    bias: Tensor | None
+
+    def _matmul(self, rows: Tensor) -> Tensor:  # [rows, in] bf16 -> [rows, out] bf16
+        raise NotImplementedError
+
+    @property
+    def weight(self) -> Tensor:
+        """The float weights [out, in] the layer multiplies by: the layer applied to the
+        identity (so exactly the kernel's values, bf16-rounded), for readers of ``.weight``
+        such as a feature head sharing the target's output rows."""
+        eye = torch.eye(self.in_features, dtype=_KERNEL_DTYPE)
+        weight: Tensor = self._matmul(eye).float().T.contiguous()
+        return weight
+
+    def forward(self, x: Tensor) -> Tensor:  # x: [..., in] -> [..., out]
+        out = self._matmul(x.reshape(-1, self.in_features).to(_KERNEL_DTYPE))
+        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias.to(x.dtype)
+
+
+class Int4Linear(_WeightOnlyLinear):
+    """``y = x W^T + b`` with W in int4 groups of 32 (see the module docstring)."""
+
+    def __init__(self, codes: Int4Codes, bias: Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.codes.shape
+        if not fits_int4(self.out_features, self.in_features):
+            raise ValueError(
+                f"int4 layers need out % 16 == 0 and in % 32 == 0, got {tuple(codes.codes.shape)}"
+            )
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.codes.to(torch.int32), 1)
+        scales_and_zeros = torch.stack((codes.scales, codes.zeros), dim=-1)  # [out, groups, 2]
+        self.packed: Tensor
+        self.scales_and_zeros: Tensor  # [groups, out, 2] bf16
+        self.register_buffer("packed", packed)
+        self.register_buffer(
+            "scales_and_zeros", scales_and_zeros.transpose(0, 1).contiguous().to(_KERNEL_DTYPE)
+        )
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def _matmul(self, rows: Tensor) -> Tensor:
+        out: Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows, self.packed, GROUP_SIZE, self.scales_and_zeros
+        )
+        return out
+
+
+class Int8Linear(_WeightOnlyLinear):
+    """``y = x W^T + b`` with W in int8, one scale per output row."""
+
+    def __init__(self, codes: Tensor, scales: Tensor, bias: Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.shape  # codes: [out, in] int8
+        self.codes: Tensor
+        self.scales: Tensor
+        self.register_buffer("codes", codes.to(torch.int8).contiguous())
+        self.register_buffer("scales", scales.to(_KERNEL_DTYPE))  # [out]
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def _matmul(self, rows: Tensor) -> Tensor:
+        out: Tensor = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
+        return out
+
+
+def int4_codes_from_float(weight: Tensor) -> Int4Codes:
+    """Asymmetric min/max int4 over groups of 32 inputs. weight: [out, in]."""
+    out_features, in_features = weight.shape
+    groups = weight.detach().float().reshape(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)  # [out, in / 32]
+    scales = (high - low).clamp(min=1e-8) / 15.0
+    codes = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
+    return Int4Codes(
+        codes.reshape(out_features, in_features).to(torch.uint8), scales, low + 8.0 * scales
+    )
+
+
+def int8_codes_from_float(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric per-row int8. weight: [out, in] -> (codes [out, in] int8, scales [out])."""
+    weight = weight.detach().float()
+    scales = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    codes = (weight / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return codes, scales
+
+
+def int4_codes_from_gguf(blocks: np.ndarray, kind: str) -> Int4Codes:
+    """Q4_0 / Q4_1 tensor bytes as stored in the file ([out, in / 32 * block bytes] uint8)
+    -> the same weights as int4 codes with scales and zeros (exact: module docstring)."""
+    header = {"Q4_0": 2, "Q4_1": 4}[kind]  # fp16 d, then (Q4_1 only) fp16 m
+    out_features = blocks.shape[0]
+    per_block = blocks.reshape(out_features, -1, header + GROUP_SIZE // 2)  # [out, groups, bytes]
+    d = per_block[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [out, groups]
+    packed = per_block[..., header:]  # [out, groups, 16]: element j low nibble, j + 16 high
+    codes = np.concatenate((packed & 0x0F, packed >> 4), axis=-1)  # [out, groups, 32]
+    if kind == "Q4_1":
+        m = per_block[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        zeros = m + 8.0 * d
+    else:
+        zeros = np.zeros_like(d)
+    return Int4Codes(
+        torch.from_numpy(codes.reshape(out_features, -1).astype(np.uint8)),
+        torch.from_numpy(d),
+        torch.from_numpy(zeros),
+    )
+
+
+def quantize_net(
+    net: nn.Module,
+    mode: QuantMode,
+    *,
+    int4_sources: dict[str, Int4Codes] | None = None,
+    int8_names: frozenset[str] = frozenset(),
+) -> int:
+    """Replace ``net``'s ``nn.Linear`` layers by quantised ones, in place; returns how many.
+
+    ``int4_sources`` maps a layer's name to codes read from a file (used instead of
+    quantising its float weight, in ``int4`` mode); layers named in ``int8_names`` use the
+    int8 kernel even in ``int4`` mode (Q8_0 tensors). A layer whose shape the int4 kernel
+    cannot take falls back to int8. Tied weights are untied: the embedding keeps its float
+    table for lookups.
+    """
+    if mode == "none":
+        return 0
+    sources = int4_sources or {}
+    replaced = 0
+    for parent_name, parent in list(net.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            name = f"{parent_name}.{child_name}" if parent_name else child_name
+            bias = None if child.bias is None else child.bias.float()
+            layer: nn.Module
+            if mode == "int4" and name in sources:
+                layer = Int4Linear(sources[name], bias)
+            elif mode == "int4" and name not in int8_names and fits_int4(*child.weight.shape):
+                layer = Int4Linear(int4_codes_from_float(child.weight), bias)
+            else:
+                layer = Int8Linear(*int8_codes_from_float(child.weight), bias)
+            setattr(parent, child_name, layer)
+            replaced += 1
+    return replaced

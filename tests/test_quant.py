@@ -1,0 +1,248 @@
+"""Weight-only quantised execution: the kernels' convention, GGUF Q4_0 / Q4_1 / Q8_0 blocks
+mapped onto them, and losslessness relative to the quantised target as it runs."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from spectune.control.base import FixedK
+from spectune.drafters.model import ModelDrafter
+from spectune.engine import SpeculativeEngine
+from spectune.errors import ModelLoadError
+from spectune.models.llama import LlamaLM
+from spectune.models.loading import load_model
+from spectune.models.quant import (
+    Int4Codes,
+    Int4Linear,
+    Int8Linear,
+    int4_codes_from_float,
+    int4_codes_from_gguf,
+    int8_codes_from_float,
+    quantize_net,
+)
+from spectune.models.toy import perturbed, toy_config, toy_model
+from spectune.sampling import SamplingParams
+
+Q = gguf.GGMLQuantizationType
+# The kernels take bf16 inputs and round their outputs to bf16 (8 significant bits): an
+# output may differ from the fp32 matmul of the same bf16 inputs by 2^-9 of the sum of its
+# terms' magnitudes; the bound allows twice that (accumulation order). Measured: <= 2^-9.8.
+KERNEL_BOUND = 2.0**-8
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).float()
+
+
+def assert_kernel_close(
+    out: torch.Tensor,  # [..., out] the layer's output
+    x: torch.Tensor,  # [..., in]
+    weight: torch.Tensor,  # [out, in] the weights the layer stands for (bf16-rounded)
+    bias: torch.Tensor | None = None,  # [out]
+) -> None:
+    expected = _bf16(x) @ weight.T
+    magnitude = _bf16(x).abs() @ weight.abs().T
+    if bias is not None:
+        expected, magnitude = expected + bias, magnitude + bias.abs()
+    excess = (out - expected).abs() - KERNEL_BOUND * magnitude
+    assert float(excess.max()) <= 1e-6, float(excess.max())
+
+
+def _weights(out_features: int, in_features: int, seed: int) -> torch.Tensor:
+    return torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed))
+
+
+def test_int4_kernel_dequantises_as_code_minus_8_times_scale_plus_zero() -> None:
+    """The module docstring's convention, against this PyTorch: the layer equals x W^T for
+    W = (code - 8) * scale + zero, with x, scale and zero rounded to bf16 as the kernel
+    stores them."""
+    generator = torch.Generator().manual_seed(0)
+    codes = Int4Codes(
+        torch.randint(0, 16, (48, 96), generator=generator, dtype=torch.uint8),
+        torch.rand(48, 3, generator=generator) + 0.1,
+        torch.randn(48, 3, generator=generator),
+    )
+    bias = torch.randn(48, generator=generator)
+    layer = Int4Linear(codes, bias)
+    x = torch.randn(2, 5, 96, generator=generator)  # [batch, chunk, in]
+    reference = Int4Codes(codes.codes, _bf16(codes.scales), _bf16(codes.zeros)).dequantized()
+    assert_kernel_close(layer(x), x, reference, bias)
+    assert layer(x).shape == (2, 5, 48) and layer(x).dtype == torch.float32
+    torch.testing.assert_close(layer.weight, reference, rtol=2.0**-8, atol=0.0)
+
+
+def test_int8_layer_matches_its_dequantised_matmul() -> None:
+    weight = _weights(32, 64, 1)
+    codes, scales = int8_codes_from_float(weight)
+    layer = Int8Linear(codes, scales)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    assert_kernel_close(layer(x), x, codes.float() * _bf16(scales)[:, None])
+    # Symmetric per-row int8: at most half a step from the float weights.
+    step = weight.abs().amax(dim=1, keepdim=True) / 127
+    assert ((codes.float() * scales[:, None] - weight).abs() <= step / 2 + 1e-6).all()
+
+
+def test_float_weights_quantise_to_int4_within_half_a_step() -> None:
+    weight = _weights(16, 64, 3)
+    codes = int4_codes_from_float(weight)
+    step = codes.scales.repeat_interleave(32, dim=1)
+    assert ((codes.dequantized() - weight).abs() <= step / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1])
+def test_gguf_4bit_blocks_map_exactly_onto_int4_codes(kind: Q) -> None:
+    """Blocks written by the gguf package read back as codes whose dequantised weights are
+    the package's own dequantisation (fp32 rounding of m + 8 d aside)."""
+    weight = _weights(32, 96, 4).numpy()
+    blocks = gguf.quants.quantize(weight, kind)  # [out, in / 32 * block bytes] uint8
+    codes = int4_codes_from_gguf(blocks, kind.name)
+    expected = torch.from_numpy(gguf.quants.dequantize(blocks, kind).reshape(weight.shape))
+    torch.testing.assert_close(codes.dequantized(), expected, rtol=1e-6, atol=1e-6)
+    assert int(codes.codes.max()) <= 15
+
+
+def _write_gguf(path: Path, model: LlamaLM, layer_type: Q) -> None:
+    """A tiny llama-architecture GGUF of ``model``'s weights: linear layers as
+    ``layer_type``, the (tied) embedding as Q8_0, norms as F32."""
+    cfg = model.net.cfg
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_layers)
+    writer.add_context_length(cfg.max_context)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_heads)
+    writer.add_head_count_kv(cfg.num_kv_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    names = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
+
+    def add(name: str, values: torch.Tensor, kind: Q) -> None:
+        array = values.detach().float().numpy()
+        if kind == Q.F32:
+            writer.add_tensor(name, array)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+
+    add("token_embd.weight", model.net.embed_tokens.weight, Q.Q8_0)
+    add("output_norm.weight", model.net.norm.weight, Q.F32)
+    for i, block in enumerate(model.net.layers):
+        for module, short in names.items():
+            weight = block.get_submodule(module).weight
+            add(f"blk.{i}.{short}.weight", weight, Q.F32 if "norm" in module else layer_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _quantisable_toy() -> LlamaLM:
+    """Toy model whose shapes the int4 kernel takes (out % 16, in % 32)."""
+    return toy_model(5, config=toy_config(vocab_size=96, hidden_size=64), scale=3.0)
+
+
+@pytest.mark.parametrize("layer_type", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+def test_gguf_file_runs_quantised_close_to_its_dequantised_model(
+    tmp_path: Path, layer_type: Q
+) -> None:
+    """Q4 layers go to int4 as stored, Q8_0 ones (and the tied Q8_0 head) to int8: the
+    logits stay within bf16-activation error of the dequantised fp32 model. Bound: 2% of
+    the logits' spread (measured: ~0.3%)."""
+    path = tmp_path / f"toy-{layer_type.name}.gguf"
+    _write_gguf(path, _quantisable_toy(), layer_type)
+    dense = load_model(path)
+    quantised = load_model(path, quantize="int4")
+    assert isinstance(quantised, LlamaLM)
+    kinds = {type(m).__name__ for m in quantised.net.modules()}
+    assert ("Int4Linear" in kinds) == (layer_type != Q.Q8_0) and "Int8Linear" in kinds
+    assert "Linear" not in kinds
+    tokens = torch.randint(3, 96, (2, 12), generator=torch.Generator().manual_seed(6))
+    expected = dense.forward(tokens, dense.new_cache(2, 16)).logits
+    got = quantised.forward(tokens, quantised.new_cache(2, 16)).logits
+    spread = float(expected.max() - expected.min())
+    assert float((got - expected).abs().max()) < 0.02 * spread
+
+
+def test_quantize_needs_the_native_runtime_and_a_known_mode(tmp_path: Path) -> None:
+    path = tmp_path / "toy.gguf"
+    _write_gguf(path, _quantisable_toy(), Q.Q4_1)
+    with pytest.raises(ModelLoadError, match="unknown quantization"):
+        load_model(path, quantize="int3")  # type: ignore[arg-type]
+
+
+def _quantised(model: LlamaLM, mode: str) -> LlamaLM:
+    net = copy.deepcopy(model.net)
+    quantize_net(net, mode)  # type: ignore[arg-type]
+    return LlamaLM(net, name=f"{model.info.name}-{mode}")
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_speculative_greedy_equals_the_quantised_target(toy_target: LlamaLM, mode: str) -> None:
+    """Losslessness is relative to the target as it runs: the quantised target's own plain
+    greedy output, for a float draft and a quantised one, several K."""
+    target = _quantised(toy_target, mode)
+    drafts = [perturbed(toy_target, 0.3), _quantised(perturbed(toy_target, 0.3), mode)]
+    params = SamplingParams(max_tokens=40)
+    for prompt in ([1, 5, 9], [1, 22, 40, 7, 3]):
+        plain = SpeculativeEngine(target).run(prompt, params, policy=FixedK(0)).tokens
+        for draft in drafts:
+            for k in (1, 3, 6):
+                engine = SpeculativeEngine(target, ModelDrafter(draft))
+                assert engine.run(prompt, params, policy=FixedK(k)).tokens == plain
+
+
+@pytest.mark.slow
+def test_sampling_from_a_quantised_target_is_lossless() -> None:
+    """T = 1: the first two emitted tokens follow the int4 target's own p(t1) p(t2 | t1)
+    (chi-square over likely pairs, 3,000 runs, fixed seed, false-failure probability
+    1e-4), with a float draft that agrees with it often, not always. No EOS, so every run
+    emits two tokens."""
+    from tree_checks import first_two_tokens_pvalue
+
+    toy = toy_model(0, config=dataclasses.replace(toy_config(), eos_token_ids=()), scale=3.0)
+    target = _quantised(toy, "int4")
+    pvalue, accepted = first_two_tokens_pvalue(
+        target, ModelDrafter(perturbed(toy, 0.3)), runs=3_000, seed=11
+    )
+    assert pvalue > 1e-4, pvalue
+    assert accepted > 0
+
+
+def test_quantised_weights_are_readable_by_weight_sharers() -> None:
+    """A feature head reads the target's output rows through ``.weight``."""
+    model = _quantised(_quantisable_toy(), "int4")
+    head = model.net.lm_head
+    assert isinstance(head, Int4Linear)
+    assert head.weight.shape == (96, 64)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(7))
+    assert_kernel_close(head(x), x, head.weight)
+
+
+def test_int4_codes_reject_shapes_the_kernel_cannot_take() -> None:
+    with pytest.raises(ValueError, match="out % 16"):
+        Int4Linear(int4_codes_from_float(torch.randn(8, 32)))
+    # quantize_net falls back to int8 for such a layer.
+    net = torch.nn.Sequential(torch.nn.Linear(32, 8))
+    assert quantize_net(net, "int4") == 1
+    assert isinstance(net[0], Int8Linear)
+
+
+def test_gguf_blocks_of_the_wrong_size_are_refused() -> None:
+    with pytest.raises(ValueError):
+        int4_codes_from_gguf(np.zeros((16, 19), dtype=np.uint8), "Q4_1")
