@@ -15,6 +15,7 @@ import torch
 from spectune.drafters.base import Drafter
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.feature_tree import FeatureTreeDrafter
+from spectune.drafters.hybrid import HybridDrafter
 from spectune.drafters.loading import (
     feature_drafter_from_folder,
     lm_drafter_from_folder,
@@ -22,10 +23,13 @@ from spectune.drafters.loading import (
 )
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
+from spectune.drafters.suffix import SuffixDrafter
+from spectune.drafters.suffix_index import SuffixIndex, tokenizer_fingerprint
 from spectune.drafters.tree import TreeDrafter, TreeGrower, TreeShape
-from spectune.errors import IncompatibleModelsError, InvalidParameterError
+from spectune.errors import IncompatibleModelsError, InvalidParameterError, ModelLoadError
 from spectune.models.base import LanguageModel, ModelInfo, takes_tree_masks
 from spectune.models.loading import load_model, resolve_model_path
+from spectune.shipped import DEFAULT_SUFFIX_INDEX, shipped_drafts, shipped_suffix_index
 from spectune.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
@@ -36,6 +40,7 @@ __all__ = [
     "draft_tokenizer",
     "fresh_drafter",
     "load_drafter",
+    "load_suffix_drafter",
     "load_target",
     "tree_drafter_for",
 ]
@@ -133,12 +138,28 @@ def load_drafter(
     dtype: torch.dtype = torch.float32,
     runtime: str = "auto",
 ) -> Drafter | None:
-    """``None``/``none`` -> no drafter; ``ngram`` -> prompt lookup; else a draft model path or
-    shipped draft name, checked against the target before use."""
+    """``None``/``none`` -> no drafter; ``ngram`` -> prompt lookup; ``suffix[:INDEX]`` ->
+    suffix drafting (``load_suffix_drafter``); ``hybrid`` -> suffix and the shipped model
+    draft, ``suffix[:INDEX]+DRAFT`` -> suffix and that draft (``HybridDrafter``); else a
+    draft model path or shipped draft name, checked against the target before use."""
     if spec is None or spec == "none":
         return None
     if spec == "ngram":
         return NgramDrafter()
+    if spec == "hybrid":
+        drafts = shipped_drafts()
+        if not drafts:
+            raise InvalidParameterError("'hybrid' needs a shipped draft; use suffix+DRAFT")
+        spec = f"suffix+{drafts[0]}"
+    if spec == "suffix" or spec.startswith(("suffix:", "suffix+")):
+        suffix_spec, plus, model_spec = spec.partition("+")
+        suffix = load_suffix_drafter(suffix_spec.partition(":")[2], target)
+        if not plus:
+            return suffix
+        model = load_drafter(model_spec, target, dtype=dtype, runtime=runtime)
+        if model is None or isinstance(model, SuffixDrafter | HybridDrafter):
+            raise InvalidParameterError(f"'{spec}': after '+' comes a draft model or 'ngram'")
+        return HybridDrafter(suffix, model)
     path = resolve_model_path(spec)
     meta = read_draft_meta(path)
     if meta is not None and meta.kind == "feature":
@@ -149,6 +170,28 @@ def load_drafter(
     if meta is not None:
         return lm_drafter_from_folder(path, model)
     return ModelDrafter(model)
+
+
+def load_suffix_drafter(index: str, target: Loaded) -> SuffixDrafter:
+    """A suffix drafter over ``index``: empty -> the shipped index of the default target,
+    a shipped index name, a path to an index file, or ``none`` (this request's context
+    only). The index must have been built with the target's vocabulary."""
+    if index == "none":
+        return SuffixDrafter(None, name="suffix:none")
+    name = index or DEFAULT_SUFFIX_INDEX
+    path = shipped_suffix_index(name) or Path(name)
+    if not path.is_file():
+        raise ModelLoadError(
+            f"no suffix index '{name}' (not a shipped index name nor a file); build one "
+            "with 'spectune suffix-index'"
+        )
+    loaded = SuffixIndex.load(path)
+    loaded.check_vocabulary(
+        target.model.info.vocab_size,
+        tokenizer_fingerprint(target.tokenizer.token_strings()),
+        target.model.info.name,
+    )
+    return SuffixDrafter(loaded, name="suffix" if not index else f"suffix:{path.stem}")
 
 
 def tree_drafter_for(
@@ -185,4 +228,10 @@ def fresh_drafter(drafter: Drafter) -> Drafter:
         return FeatureDrafter(drafter.head, drafter.vocab_subset, name=drafter.name)
     if isinstance(drafter, NgramDrafter):
         return NgramDrafter()
+    if isinstance(drafter, SuffixDrafter):
+        return drafter.fresh()
+    if isinstance(drafter, HybridDrafter):
+        return HybridDrafter(
+            drafter.suffix.fresh(), fresh_drafter(drafter.model), drafter.stats, name=drafter.name
+        )
     raise InvalidParameterError(f"cannot copy a {type(drafter).__name__} drafter")

@@ -11,12 +11,22 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from spectune.cli import bench, distill, experiment, export, generate, report, select, serve
+from spectune.cli import (
+    bench,
+    distill,
+    experiment,
+    export,
+    generate,
+    report,
+    select,
+    serve,
+    suffix,
+)
 from spectune.errors import SpectuneError
 
 __all__ = ["main"]
 
-COMMANDS = (generate, report, bench, distill, select, experiment, serve, export)
+COMMANDS = (generate, report, bench, distill, select, experiment, serve, export, suffix)
 
 
 def build_parser() -> argparse.ArgumentParser:
