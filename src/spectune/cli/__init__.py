@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from spectune.cli import (
     bench,
+    corpus,
     distill,
     experiment,
     export,
@@ -26,7 +27,7 @@ from spectune.errors import SpectuneError
 
 __all__ = ["main"]
 
-COMMANDS = (generate, report, bench, distill, select, experiment, serve, export, suffix)
+COMMANDS = (generate, report, bench, corpus, distill, select, experiment, serve, export, suffix)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,101 @@
+"""``spectune corpus``: build (or resume) the target-generated answer corpus, or count it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spectune.distill.corpus import CorpusSettings, SeedData, build_shards, corpus_stats
+from spectune.errors import InvalidParameterError
+from spectune.pairing import load_target
+
+__all__ = ["register"]
+
+
+def _shard_range(text: str) -> range:
+    """``start:stop`` or ``start:stop:step`` (several processes take every step-th shard)."""
+    try:
+        parts = [int(p) for p in text.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (2, 3) or parts[0] < 0 or parts[1] <= parts[0] or parts[-1] < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected start:stop[:step] with start < stop, got {text!r}"
+        )
+    return range(*parts)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "corpus",
+        help="build the target's own answers to model-written prompts (distillation corpus)",
+        description="The instruct target writes user turns and documents for every task of the "
+        "prompt set plus code, then answers them (greedy and T=0.7) on the batched runtime. "
+        "Shards are resumable: a killed run continues at the first missing shard.",
+    )
+    parser.add_argument("--target", default="default", help="target model (default, .gguf, folder)")
+    parser.add_argument("--out", type=Path, required=True, help="corpus folder (shards)")
+    parser.add_argument(
+        "--seeds",
+        action="append",
+        type=Path,
+        default=[],
+        help="GSM8K / Alpaca-style JSONL seed files (math questions, instructions); repeatable",
+    )
+    parser.add_argument(
+        "--shards", type=_shard_range, default=range(1), help="start:stop[:step] (default 0:1)"
+    )
+    parser.add_argument("--items-per-shard", type=int, default=CorpusSettings.items_per_shard)
+    parser.add_argument("--max-answer-tokens", type=int, default=CorpusSettings.max_answer_tokens)
+    parser.add_argument("--batch", type=int, default=CorpusSettings.max_batch)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--stats", action="store_true", help="only count what --out holds")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.stats:
+        print(json.dumps(corpus_stats(args.out), indent=2))
+        return 0
+    if args.items_per_shard < 1 or args.max_answer_tokens < 1 or args.batch < 1:
+        raise InvalidParameterError(
+            "--items-per-shard, --max-answer-tokens and --batch must be >= 1"
+        )
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.target)
+    settings = CorpusSettings(
+        items_per_shard=args.items_per_shard,
+        max_answer_tokens=args.max_answer_tokens,
+        max_batch=args.batch,
+        seed=args.seed,
+    )
+    start = time.perf_counter()
+    positions = 0
+
+    def on_shard(index: int, answers: list[Any]) -> None:
+        nonlocal positions
+        positions += sum(len(a.answer) for a in answers)
+        rate = positions / (time.perf_counter() - start)
+        print(
+            f"shard {index}: {len(answers)} answers, {positions:,} answer positions this run "
+            f"({rate:.0f}/s)",
+            flush=True,
+        )
+
+    build_shards(
+        target.model,
+        target.tokenizer,
+        SeedData.read(args.seeds),
+        args.out,
+        args.shards,
+        settings,
+        on_shard=on_shard,
+    )
+    return 0

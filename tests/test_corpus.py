@@ -1,0 +1,168 @@
+"""The target-generated corpus: prompts written by the model, answers that are the target's
+own, shards that resume after an interrupted run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spectune.cli import main
+from spectune.distill import corpus as corpus_module
+from spectune.distill.corpus import (
+    HELDOUT_MODULUS,
+    CorpusSettings,
+    SeedData,
+    build_shards,
+    corpus_stats,
+    read_answers,
+    split_of,
+)
+from spectune.engine import SpeculativeEngine
+from spectune.errors import InvalidParameterError
+from spectune.models.llama import LlamaLM
+from spectune.sampling import SamplingParams
+from spectune.server.testing import toy_tokenizer
+from spectune.tokenizer import Tokenizer
+
+SETTINGS = CorpusSettings(
+    items_per_shard=16, max_answer_tokens=8, max_document_tokens=8, max_turn_tokens=6, max_batch=4
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    return toy_tokenizer(tmp_path_factory.mktemp("toy-tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory: pytest.TempPathFactory) -> SeedData:
+    folder = tmp_path_factory.mktemp("seeds")
+    math = folder / "gsm8k.jsonl"
+    math.write_text(
+        "".join(
+            json.dumps({"question": f"w{i} w{i + 1} w{i + 2}", "answer": "w1"}) + "\n"
+            for i in range(8)
+        )
+    )
+    alpaca = folder / "alpaca.jsonl"
+    alpaca.write_text(json.dumps({"instruction": "w5 w6", "instances": [{"input": "w7"}]}) + "\n")
+    return SeedData.read([math, alpaca])
+
+
+def _build(
+    toy_target: LlamaLM, tokenizer: Tokenizer, seeds: SeedData, folder: Path, shards: range
+) -> None:
+    build_shards(toy_target, tokenizer, seeds, folder, shards, SETTINGS)
+
+
+def test_seed_files_give_questions_and_instructions(seeds: SeedData) -> None:
+    assert len(seeds.math_questions) == 8
+    assert seeds.instructions == ("w5 w6\n\nw7",)
+
+
+def test_bad_seed_file_is_a_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(InvalidParameterError, match="bad.jsonl:1"):
+        SeedData.read([bad])
+    with pytest.raises(InvalidParameterError, match="not found"):
+        SeedData.read([tmp_path / "missing.jsonl"])
+
+
+def test_corpus_covers_the_tasks_with_the_targets_own_answers(
+    toy_target: LlamaLM, tokenizer: Tokenizer, seeds: SeedData, tmp_path: Path
+) -> None:
+    _build(toy_target, tokenizer, seeds, tmp_path, range(2))
+    answers = list(read_answers(tmp_path))
+    categories = {a.category for a in answers}
+    # 32 items drawn over 8 tasks: the tasks with the largest shares all appear.
+    assert {"multi_turn_chat", "writing", "math_reasoning"} <= categories
+    assert len(categories) >= 6
+    start, end = (tokenizer.hf.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>"))
+    engine = SpeculativeEngine(toy_target, None)
+    checked = 0
+    for answer in answers:
+        assert answer.prompt[-2:] == tuple(tokenizer.hf.encode("<|im_start|> assistant"))
+        assert start in answer.prompt and end in answer.prompt
+        if answer.temperature == 0.0 and checked < 6:
+            # Greedy answers are exactly what the target says alone (the batched runtime
+            # may round a near-tie differently; the toy model has none at this length).
+            alone = engine.run(
+                list(answer.prompt), SamplingParams(max_tokens=len(answer.answer))
+            ).tokens
+            assert tuple(alone) == answer.answer
+            checked += 1
+    assert checked > 0
+    multi = [a for a in answers if a.category == "multi_turn_chat"]
+    # A follow-up answer's prompt holds the first exchange: two user turns.
+    assert any(a.prompt.count(tokenizer.hf.convert_tokens_to_ids("user")) == 2 for a in multi)
+    stats = corpus_stats(tmp_path)
+    assert sum(row["positions"] for row in stats.values()) == sum(len(a.answer) for a in answers)
+
+
+def test_an_interrupted_run_resumes_at_the_missing_shard(
+    toy_target: LlamaLM,
+    tokenizer: Tokenizer,
+    seeds: SeedData,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reference = tmp_path / "reference"
+    _build(toy_target, tokenizer, seeds, reference, range(3))
+
+    interrupted = tmp_path / "interrupted"
+    real_save = corpus_module._save
+    saved: list[Path] = []
+
+    def save_then_die(path: Path, *args: object) -> None:
+        if len(saved) == 2:
+            path.with_suffix(".tmp").write_bytes(b"half a shard")  # killed mid-write
+            raise KeyboardInterrupt
+        real_save(path, *args)  # type: ignore[arg-type]
+        saved.append(path)
+
+    monkeypatch.setattr(corpus_module, "_save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        _build(toy_target, tokenizer, seeds, interrupted, range(3))
+    monkeypatch.undo()
+    assert sorted(p.name for p in interrupted.glob("shard-*.safetensors")) == [
+        "shard-00000.safetensors",
+        "shard-00001.safetensors",
+    ]
+    first_written = saved[0].stat().st_mtime_ns
+    _build(toy_target, tokenizer, seeds, interrupted, range(3))
+    assert saved[0].stat().st_mtime_ns == first_written  # done shards are not redone
+    # Every shard follows from (seed, index): the resumed corpus equals an uninterrupted one.
+    assert list(read_answers(interrupted)) == list(read_answers(reference))
+
+
+def test_worker_ranges_build_disjoint_shards(
+    toy_target: LlamaLM, tokenizer: Tokenizer, seeds: SeedData, tmp_path: Path
+) -> None:
+    _build(toy_target, tokenizer, seeds, tmp_path, range(1, 4, 2))
+    assert sorted(p.name for p in tmp_path.glob("shard-*")) == [
+        "shard-00001.safetensors",
+        "shard-00003.safetensors",
+    ]
+
+
+def test_held_out_split_is_fixed_by_id() -> None:
+    ids = [f"s{s:05d}-{i:03d}/chat" for s in range(40) for i in range(100)]
+    held = [i for i in ids if split_of(i) == "heldout"]
+    # 4,000 ids at 1/50: 80 expected; outside [45, 125] has probability < 1e-5 (binomial).
+    assert 45 <= len(held) <= 125
+    assert HELDOUT_MODULUS == 50
+
+
+def test_cli_rejects_a_bad_shard_range(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["corpus", "--out", "x", "--shards", "5:2"])
+    assert exc.value.code == 2
+    assert "start:stop" in capsys.readouterr().err
+
+
+def test_missing_corpus_folder_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(InvalidParameterError, match="not found"):
+        list(read_answers(tmp_path / "nowhere"))
