@@ -3,13 +3,18 @@ the bounded history, and the drafter end to end (greedy-equal and lossless)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from spectune.cli import main
 from spectune.control.base import FixedK
+from spectune.drafters import ModelDrafter, ScriptedDrafter
+from spectune.drafters.hybrid import HybridDrafter, SourceStats
 from spectune.drafters.suffix import SuffixDrafter, SuffixSettings, propose_from
 from spectune.drafters.suffix_index import (
     HistoryStore,
@@ -20,6 +25,8 @@ from spectune.drafters.suffix_index import (
 from spectune.engine import SpeculativeEngine
 from spectune.errors import IncompatibleModelsError, InvalidParameterError, ModelLoadError
 from spectune.models.llama import LlamaLM
+from spectune.models.toy import toy_model
+from spectune.pairing import Loaded, load_drafter
 from spectune.sampling import SamplingParams
 
 # Token 9 is followed by 1 three times, by 2 twice, by 3 once; "5 6 9" only by 2.
@@ -168,12 +175,15 @@ def test_bad_corpora_are_rejected() -> None:
 
 
 def target_corpus(target: LlamaLM, seed: int) -> SuffixIndex:
-    """An index over the target's own sampled continuations of short prompts."""
+    """An index over the target's own sampled continuations of short prompts (half of them
+    the prompt of the losslessness checks, so that their drafts come from the corpus)."""
+    from tree_checks import PROMPT
+
     engine = SpeculativeEngine(target)
     docs = []
     for i in range(24):
-        params = SamplingParams(temperature=0.8, max_tokens=24, seed=seed + i)
-        prompt = [1, 5 + i % 7, 9]
+        params = SamplingParams(temperature=1.0, max_tokens=24, seed=seed + i)
+        prompt = PROMPT if i % 2 else [1, 5 + i % 7, 9]
         docs.append(prompt + engine.run(prompt, params).tokens)
     return SuffixIndex.build(docs, vocab_size=target.info.vocab_size, tokenizer="toy")
 
@@ -202,3 +212,111 @@ def test_sampling_stays_lossless(toy_target: LlamaLM, runs: int) -> None:
     pvalue, accepted = first_two_tokens_pvalue(toy_target, drafter, runs=runs, seed=3)
     assert accepted > 0  # drafts were proposed and verified
     assert pvalue > 1e-4, pvalue
+
+
+def test_hybrid_rule_follows_measured_acceptance() -> None:
+    stats = SourceStats(decay=0.5)
+    # nothing measured: the corpus at its word, the model at one token per step
+    assert stats.prefers_suffix(1.0) and not stats.prefers_suffix(0.9)
+    stats.observe("model", 2, 0.0)  # model steps keep 2 tokens -> running mean 1.5
+    assert not stats.prefers_suffix(1.4) and stats.prefers_suffix(1.5)
+    stats.observe("suffix", 0, 2.0)  # a suffix draft scored 2 kept nothing -> calibration 0.5
+    assert stats.suffix_calibration == pytest.approx(0.5)
+    assert not stats.prefers_suffix(2.0) and stats.prefers_suffix(3.0)
+
+
+def test_hybrid_counts_what_the_target_kept(toy_target: LlamaLM) -> None:
+    scripted = ScriptedDrafter(lambda context, k: [7, 7, 7], vocab_size=64, with_probs=False)
+    hybrid = HybridDrafter(SuffixDrafter(), scripted)
+    params = SamplingParams()
+    # nothing to match in a context of distinct tokens: the model drafts
+    draft = hybrid.propose([1, 2, 3], 3, params, None)
+    assert draft.tokens.tolist() == [7, 7, 7]
+    hybrid.commit([1, 2, 3, 7, 7, 5], None)  # two kept, then the target's own token
+    assert hybrid.stats.model_steps == 1 and hybrid.stats.model_accepted_total == 2
+
+
+@pytest.mark.parametrize("k", [2, 6])
+def test_hybrid_greedy_equals_target_alone(toy_target: LlamaLM, toy_draft: LlamaLM, k: int) -> None:
+    hybrid = HybridDrafter(SuffixDrafter(target_corpus(toy_target, 0)), ModelDrafter(toy_draft))
+    greedy = SamplingParams(max_tokens=24)
+    for prompt in ([1, 5, 9], [1, 9, 9, 12, 30, 9, 9, 12]):
+        plain = SpeculativeEngine(toy_target).run(prompt, greedy).tokens
+        result = SpeculativeEngine(toy_target, hybrid).run(prompt, greedy, policy=FixedK(k))
+        assert result.tokens == plain
+    assert hybrid.stats.suffix_steps > 0 and hybrid.stats.model_steps > 0  # both sources ran
+
+
+def test_hybrid_sampling_stays_lossless(toy_target: LlamaLM, toy_draft: LlamaLM) -> None:
+    """As test_sampling_stays_lossless, with model drafts (with probabilities) and suffix
+    drafts (one-hot) mixed: 300 runs, fails by chance with probability 1e-4."""
+    from tree_checks import first_two_tokens_pvalue
+
+    hybrid = HybridDrafter(SuffixDrafter(target_corpus(toy_target, 100)), ModelDrafter(toy_draft))
+    pvalue, accepted = first_two_tokens_pvalue(toy_target, hybrid, runs=300, seed=4)
+    assert accepted > 0 and hybrid.stats.suffix_steps > 0 and hybrid.stats.model_steps > 0
+    assert pvalue > 1e-4, pvalue
+
+
+def write_tokens(path: Path, docs: list[list[int]]) -> Path:
+    path.write_text("\n".join(json.dumps(doc) for doc in docs) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_shipped_index_loads_by_name_and_rejects_another_vocabulary(smollm2) -> None:  # type: ignore[no-untyped-def]
+    drafter = load_drafter("suffix", smollm2)
+    assert isinstance(drafter, SuffixDrafter) and drafter.index is not None
+    assert drafter.index.header.documents > 0
+    hybrid = load_drafter("hybrid", smollm2)
+    assert isinstance(hybrid, HybridDrafter) and isinstance(hybrid.model, ModelDrafter)
+    toy = Loaded(toy_model(0), smollm2.tokenizer, smollm2.path)
+    with pytest.raises(IncompatibleModelsError, match="suffix index .* cannot serve"):
+        load_drafter("suffix", toy)
+
+
+@pytest.mark.slow
+def test_cli_builds_an_index_and_decoding_with_it_is_greedy_exact(  # type: ignore[no-untyped-def]
+    smollm2, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the real model: index the target's own greedy answer, then suffix and hybrid
+    decoding of the same prompt reproduce plain decoding token for token (and the suffix
+    drafts are accepted: the answer is in the corpus)."""
+    prompt = smollm2.tokenizer.encode_chat([{"role": "user", "content": "Name three colors."}])
+    greedy = SamplingParams(max_tokens=24)
+    plain = SpeculativeEngine(smollm2.model).run(prompt, greedy).tokens
+    source = write_tokens(tmp_path / "answers.jsonl", [plain])
+    out = tmp_path / "index.npz"
+    assert main(["suffix-index", str(source), "-o", str(out)]) == 0
+    assert "indexed 1 answers" in capsys.readouterr().out
+    for spec in (f"suffix:{out}", f"suffix:{out}+smollm2-draft"):
+        drafter = load_drafter(spec, smollm2)
+        result = SpeculativeEngine(smollm2.model, drafter).run(prompt, greedy, policy=FixedK(4))
+        assert result.tokens == plain
+        assert result.accepted > 0
+
+
+def test_cli_rejects_a_bad_corpus_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"tokens": "abc"}\n')
+    assert main(["suffix-index", str(bad), "-o", str(tmp_path / "x.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spectune: error:") and err.count("\n") == 1
+    assert main(["suffix-index", str(tmp_path / "missing"), "-o", str(tmp_path / "x.npz")]) == 2
+
+
+def test_served_requests_draft_from_earlier_outputs() -> None:
+    """The history experiment on toy models: repeated greedy requests are drafted from the
+    first round's outputs, so the second window accepts more than the first, and more
+    than the same run without history."""
+    from spectune.experiments.common import toy_setup
+    from spectune.experiments.history import history_acceptance
+
+    setup = dataclasses.replace(toy_setup(num_prompts=3), draft=SuffixDrafter())
+    kwargs = {"requests": 6, "window": 3, "max_tokens": 16}
+    first, second = history_acceptance(setup, history_tokens=10_000, **kwargs)
+    _, control = history_acceptance(setup, history_tokens=0, **kwargs)
+    assert second.accepted > first.accepted and second.accepted > control.accepted
+    assert second.tokens_per_step > control.tokens_per_step

@@ -24,7 +24,7 @@ from spectune.drafters.loading import (
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.suffix import SuffixDrafter
-from spectune.drafters.suffix_index import SuffixIndex, tokenizer_fingerprint
+from spectune.drafters.suffix_index import HistoryStore, SuffixIndex, tokenizer_fingerprint
 from spectune.drafters.tree import TreeDrafter, TreeGrower, TreeShape
 from spectune.errors import IncompatibleModelsError, InvalidParameterError, ModelLoadError
 from spectune.models.base import LanguageModel, ModelInfo, takes_tree_masks
@@ -39,10 +39,12 @@ __all__ = [
     "compatibility_problems",
     "draft_tokenizer",
     "fresh_drafter",
+    "is_suffix_spec",
     "load_drafter",
     "load_suffix_drafter",
     "load_target",
     "tree_drafter_for",
+    "with_history",
 ]
 
 MAX_VOCAB_DIFFERENCE = 128
@@ -151,15 +153,15 @@ def load_drafter(
         if not drafts:
             raise InvalidParameterError("'hybrid' needs a shipped draft; use suffix+DRAFT")
         spec = f"suffix+{drafts[0]}"
-    if spec == "suffix" or spec.startswith(("suffix:", "suffix+")):
+    if is_suffix_spec(spec):
         suffix_spec, plus, model_spec = spec.partition("+")
         suffix = load_suffix_drafter(suffix_spec.partition(":")[2], target)
         if not plus:
             return suffix
-        model = load_drafter(model_spec, target, dtype=dtype, runtime=runtime)
-        if model is None or isinstance(model, SuffixDrafter | HybridDrafter):
+        other = load_drafter(model_spec, target, dtype=dtype, runtime=runtime)
+        if other is None or isinstance(other, SuffixDrafter | HybridDrafter):
             raise InvalidParameterError(f"'{spec}': after '+' comes a draft model or 'ngram'")
-        return HybridDrafter(suffix, model)
+        return HybridDrafter(suffix, other)
     path = resolve_model_path(spec)
     meta = read_draft_meta(path)
     if meta is not None and meta.kind == "feature":
@@ -170,6 +172,11 @@ def load_drafter(
     if meta is not None:
         return lm_drafter_from_folder(path, model)
     return ModelDrafter(model)
+
+
+def is_suffix_spec(spec: str) -> bool:
+    """``suffix``, ``suffix:INDEX``, ``suffix[:INDEX]+DRAFT`` or ``hybrid`` (not a path)."""
+    return spec in ("suffix", "hybrid") or spec.startswith(("suffix:", "suffix+"))
 
 
 def load_suffix_drafter(index: str, target: Loaded) -> SuffixDrafter:
@@ -192,6 +199,17 @@ def load_suffix_drafter(index: str, target: Loaded) -> SuffixDrafter:
         target.model.info.name,
     )
     return SuffixDrafter(loaded, name="suffix" if not index else f"suffix:{path.stem}")
+
+
+def with_history(drafter: Drafter | None, history: HistoryStore | None) -> Drafter | None:
+    """A suffix or hybrid drafter that also drafts from (and files outputs in) ``history``,
+    a server's store of earlier outputs; other drafters as they are."""
+    if isinstance(drafter, SuffixDrafter):
+        return drafter.with_history(history)
+    if isinstance(drafter, HybridDrafter):
+        suffix = drafter.suffix.with_history(history)
+        return HybridDrafter(suffix, drafter.model, drafter.stats, name=drafter.name)
+    return drafter
 
 
 def tree_drafter_for(

@@ -33,7 +33,13 @@ from spectune.models.base import LanguageModel, ModelInfo
 from spectune.models.llama import LlamaConfig, LlamaLM
 from spectune.models.loading import resolve_model_path, save_native
 from spectune.models.toy import toy_model
-from spectune.pairing import Loaded, load_drafter, load_target, tree_drafter_for
+from spectune.pairing import (
+    Loaded,
+    is_suffix_spec,
+    load_drafter,
+    load_target,
+    tree_drafter_for,
+)
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -241,6 +247,10 @@ def load_workbench(
             # After saving: ``to`` converts the module in place.
             drafter_model = LlamaLM(model.net.to(dtype), name="random")
             drafts.append(DraftSource("random", ModelDrafter(drafter_model), assistant))
+        elif is_suffix_spec(spec):
+            suffix = load_drafter(spec, loaded, dtype=dtype, runtime="native")
+            if suffix is not None:  # no transformers counterpart: no HF systems for it
+                drafts.append(DraftSource(spec, suffix))
         else:
             drafter = load_drafter(spec, loaded, dtype=dtype, runtime="native")
             if drafter is None:

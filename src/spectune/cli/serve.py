@@ -17,10 +17,11 @@ from spectune.cli.common import add_model_args, parse_dtype
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
+from spectune.drafters.suffix_index import HistoryStore
 from spectune.errors import InvalidParameterError
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
-from spectune.pairing import load_drafter, load_target
+from spectune.pairing import load_drafter, load_target, with_history
 from spectune.sampling import SamplingParams
 from spectune.server.engines import ENGINES, DraftSource, EngineSettings, build_engine
 
@@ -51,6 +52,13 @@ def register(subparsers: Any) -> None:
         type=int,
         default=None,
         help="no speculation while more requests than this run (measure it with the bench)",
+    )
+    parser.add_argument(
+        "--suffix-history-tokens",
+        type=int,
+        default=262_144,
+        help="suffix/hybrid drafts also draw on earlier requests' outputs, up to this many "
+        "tokens (oldest evicted first; 0: off)",
     )
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -109,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     dtype = parse_dtype(args.dtype)
     target = load_target(args.target, dtype=dtype, runtime=args.runtime)
     drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
+    if args.suffix_history_tokens > 0:
+        drafter = with_history(drafter, HistoryStore(args.suffix_history_tokens))
     draft = DraftSource.from_drafter(drafter)
 
     def default_policy(params: SamplingParams) -> KPolicy:

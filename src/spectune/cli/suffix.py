@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from spectune.distill.corpus import read_answers
 from spectune.drafters.suffix_index import DEFAULT_MAX_DEPTH, SuffixIndex, tokenizer_fingerprint
 from spectune.errors import InvalidParameterError, ModelLoadError
 
@@ -33,7 +34,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("source", type=Path, help="corpus folder of answers, or a .jsonl file")
     parser.add_argument("--output", "-o", type=Path, required=True, help="index file (.npz)")
     parser.add_argument("--target", default="default", help="the model the corpus is from")
-    parser.add_argument("--split", default="train", help="corpus split to index ('all': every)")
+    parser.add_argument(
+        "--split", default="train", help="corpus split to index ('train', 'heldout' or 'all')"
+    )
     parser.add_argument(
         "--max-tokens", type=int, default=None, help="stop adding answers past this many tokens"
     )
@@ -60,13 +63,8 @@ def _jsonl_tokens(path: Path) -> Iterator[list[int]]:
 
 
 def _answers(folder: Path, split: str) -> Iterator[list[int]]:
-    try:
-        from spectune.distill.corpus import read_answers
-    except ImportError as exc:  # the corpus module arrives with the answer corpus
-        raise InvalidParameterError("a corpus folder needs spectune.distill.corpus") from exc
-    for answer in read_answers(folder):
-        if split in ("all", answer.split):
-            yield list(answer.answer)
+    for answer in read_answers(folder, split=None if split == "all" else split):
+        yield list(answer.answer)
 
 
 def run(args: argparse.Namespace) -> int:

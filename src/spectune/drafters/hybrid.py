@@ -7,8 +7,8 @@ suffix``); what it is worth is learned from what the target kept:
 - ``suffix_calibration`` = running mean of accepted / score over suffix-drafted steps
   (starts at 1: take the corpus at its word);
 - ``model_accepted`` = running mean of accepted tokens over model-drafted steps (starts
-  at 0, so the first steps draft from the corpus wherever it has a guess, and the model's
-  rate is measured on the steps where it has none).
+  at 1 token per step, so a corpus guess worth less than one token goes to the model from
+  the start, and the model's rate gets measured even where the corpus always has a guess).
 
 **Rule**: draft from the suffix source when it proposes something and
 ``suffix_calibration * score >= model_accepted``, else from the model. Ties go to the
@@ -44,7 +44,7 @@ class SourceStats:
 
     decay: float = 0.9
     suffix_calibration: float = 1.0  # accepted per unit of suffix score
-    model_accepted: float = 0.0  # accepted tokens per model-drafted step
+    model_accepted: float = 1.0  # accepted tokens per model-drafted step
     suffix_steps: int = 0
     model_steps: int = 0
     suffix_accepted_total: int = 0

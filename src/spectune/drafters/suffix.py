@@ -172,7 +172,11 @@ class SuffixDrafter:
 
     def fresh(self) -> SuffixDrafter:
         """A drafter for a new request sharing this one's index and history."""
-        return SuffixDrafter(self.index, self.history, self.settings, name=self.name)
+        return self.with_history(self.history)
+
+    def with_history(self, history: HistoryStore | None) -> SuffixDrafter:
+        """This drafter's index and settings over ``history`` (a server's store)."""
+        return SuffixDrafter(self.index, history, self.settings, name=self.name)
 
     def reset(self) -> None:
         if self._filer is not None:

@@ -129,11 +129,16 @@ def continuation(match: Match, max_tokens: int, min_prob: float) -> tuple[list[i
     probs: list[float] = []
     for step in range(1, max_tokens + 1):
         following = match.tokens[ends + step]  # in bounds: every document ends with SEP
-        values, counts = np.unique(following[following >= 0], return_counts=True)
-        if counts.size == 0:
-            break
-        top = int(counts.argmax())  # the first maximum: the smallest id among ties
-        best, prob = int(values[top]), int(counts[top]) / total
+        if (following == following[0]).all():  # the common case once the path narrows
+            if following[0] < 0:
+                break
+            best, prob = int(following[0]), following.size / total
+        else:
+            values, counts = np.unique(following[following >= 0], return_counts=True)
+            if counts.size == 0:
+                break
+            top = int(counts.argmax())  # the first maximum: the smallest id among ties
+            best, prob = int(values[top]), int(counts[top]) / total
         if prob < min_prob:
             break
         tokens.append(best)
@@ -241,8 +246,9 @@ class SuffixIndex:
         """The longest suffix of ``tail`` (at most ``max_depth`` tokens) in the corpus."""
         if not tail:
             return None
-        lo = int(np.searchsorted(self._heads, tail[-1], "left"))
-        hi = int(np.searchsorted(self._heads, tail[-1], "right"))
+        last = np.int32(tail[-1])  # a Python int would make numpy copy the whole array
+        lo = int(np.searchsorted(self._heads, last, "left"))
+        hi = int(np.searchsorted(self._heads, last, "right"))
         if lo == hi:
             return None
         tokens, order = self._tokens_view, self._order_view

@@ -180,11 +180,12 @@ def load_setup(
     *,
     per_category: int = 1,
     split: str | None = "dev",
+    any_drafter: bool = False,
 ) -> Setup:
     """The real configuration: target, draft model, and the evaluation prompts (chat
     template applied), ``per_category`` prompts of each category. ``draft_ref``: a path or
     shipped draft name, ``auto`` (the first shipped draft), or a stand-in (``layers:N``,
-    ``noise:X``)."""
+    ``noise:X``); with ``any_drafter`` also ``ngram``, ``suffix``, ``hybrid``."""
     from spectune.pairing import load_drafter, load_target
     from spectune.prompts import load_prompts
     from spectune.shipped import shipped_drafts
@@ -202,7 +203,7 @@ def load_setup(
         draft = ModelDrafter(stand_in_draft(target.model, draft_ref))
     else:
         draft = load_drafter(draft_ref, target)
-        if not isinstance(draft, ModelDrafter | FeatureDrafter):
+        if draft is None or not (any_drafter or isinstance(draft, ModelDrafter | FeatureDrafter)):
             raise InvalidParameterError(
                 "experiments need a draft model or feature head, not 'ngram' or 'none'"
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spectune.drafters.base import Drafter
+from spectune.drafters.hybrid import HybridDrafter
 from spectune.drafters.loading import (
     feature_drafter_from_folder,
     lm_drafter_from_folder,
@@ -16,7 +17,13 @@ from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import SpectuneError
 from spectune.models.loading import load_model, resolve_model_path
-from spectune.pairing import Loaded, compatibility_problems, draft_tokenizer
+from spectune.pairing import (
+    Loaded,
+    compatibility_problems,
+    draft_tokenizer,
+    is_suffix_spec,
+    load_drafter,
+)
 
 __all__ = ["Candidate", "SizeBand", "resolve_candidate", "size_band"]
 
@@ -50,7 +57,7 @@ def size_band(draft_parameters: int | None, target_parameters: int) -> SizeBand:
 @dataclass(frozen=True)
 class Candidate:
     spec: str
-    kind: str  # "ngram" | "model" | "distilled-lm" | "feature" | "unknown"
+    kind: str  # "ngram" | "suffix" | "model" | "distilled-lm" | "feature" | "unknown"
     drafter: Drafter | None  # None when incompatible or unloadable
     num_parameters: int | None  # parameters a draft step computes with
     problems: tuple[str, ...]  # why it cannot serve the target (empty: compatible)
@@ -60,10 +67,20 @@ class Candidate:
         return self.drafter is not None and not self.problems
 
 
+def _suffix_candidate(spec: str, target: Loaded) -> Candidate:
+    drafter = load_drafter(spec, target)
+    inner = drafter.model if isinstance(drafter, HybridDrafter) else None
+    # What a draft step computes with: the hybrid's draft model (a lookup: nothing).
+    count = inner.model.info.num_parameters if isinstance(inner, ModelDrafter) else None
+    return Candidate(spec, "suffix", drafter, count, ())
+
+
 def resolve_candidate(spec: str, target: Loaded) -> Candidate:
     if spec == "ngram":
         return Candidate(spec, "ngram", NgramDrafter(), None, ())
     try:
+        if is_suffix_spec(spec):
+            return _suffix_candidate(spec, target)
         path = resolve_model_path(spec)
         meta = read_draft_meta(path)
         if meta is not None and meta.kind == "feature":
