@@ -74,7 +74,7 @@ def register(subparsers: Any) -> None:
     chunked = parser.add_argument_group("chunked")
     chunked.add_argument("--ks", type=_ints, default=(4, 8))
     chunked.add_argument("--groups", type=_ints, default=(2,))
-    chunked.add_argument("--temperature", type=float, default=0.0)
+    chunked.add_argument("--temperature", type=float, default=0.0, help="(chunked, history)")
     history = parser.add_argument_group("history (suffix drafting across requests)")
     history.add_argument("--requests", type=int, default=100, help="requests served in turn")
     history.add_argument("--window", type=int, default=50, help="requests per reported window")
@@ -145,9 +145,10 @@ def _history(setup: Setup, args: argparse.Namespace) -> list[dict[str, float | i
         window=args.window,
         history_tokens=args.history_tokens,
         max_tokens=args.max_tokens or 64,
+        temperature=args.temperature,
     )
     _table(
-        f"Acceptance as outputs accumulate ({setup.description}, K=4, greedy)",
+        f"Acceptance as outputs accumulate ({setup.description}, K=4, T={args.temperature})",
         ["requests", "drafted", "accepted", "acceptance", "tokens/step"],
         [
             [
