@@ -11,7 +11,6 @@ target with another vocabulary.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 from spectune.distill.corpus import read_answers
 from spectune.drafters.suffix_index import DEFAULT_MAX_DEPTH, SuffixIndex, tokenizer_fingerprint
 from spectune.errors import InvalidParameterError, ModelLoadError
+from spectune.jsonl import read_json_lines
 
 __all__ = ["register"]
 
@@ -45,17 +45,7 @@ def register(subparsers: Any) -> None:
 
 
 def _jsonl_tokens(path: Path) -> Iterator[list[int]]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidParameterError(f"{path}:{number}: not JSON ({exc.msg})") from exc
+    for number, item in read_json_lines(path):
         tokens = item.get("tokens") if isinstance(item, dict) else item
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise InvalidParameterError(f"{path}:{number}: expected a list of token ids")
