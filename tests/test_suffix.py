@@ -320,3 +320,37 @@ def test_served_requests_draft_from_earlier_outputs() -> None:
     _, control = history_acceptance(setup, history_tokens=0, **kwargs)
     assert second.accepted > first.accepted and second.accepted > control.accepted
     assert second.tokens_per_step > control.tokens_per_step
+
+
+def test_server_drafts_from_earlier_requests(toy_target: LlamaLM, tmp_path: Path) -> None:
+    """Through the HTTP server (batched engine, one drafter per request): the first
+    request's output is filed in the history when it ends, and a repeat of the request is
+    drafted from it, greedy-exact, with more accepted tokens."""
+    import openai
+
+    from spectune.server import create_app
+    from spectune.server.engines import DraftSource, EngineSettings
+    from spectune.server.testing import running_server, toy_service, toy_tokenizer
+
+    tokenizer = toy_tokenizer(tmp_path / "tokenizer")
+    history = HistoryStore(max_tokens=4096)
+    service = toy_service(
+        toy_target,
+        tokenizer,
+        draft=DraftSource.from_drafter(SuffixDrafter(None, history)),
+        engine=EngineSettings(capacity=256),
+    )
+    with running_server(create_app(service)) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        first, second = (
+            client.completions.create(model="toy", prompt="w1 w7 w3", max_tokens=24, temperature=0)
+            for _ in range(2)
+        )
+    assert first.choices[0].text == second.choices[0].text
+    plain = SpeculativeEngine(toy_target).run(
+        tokenizer.encode("w1 w7 w3"), SamplingParams(max_tokens=24)
+    )
+    assert first.choices[0].text == tokenizer.decode(plain.tokens)
+    assert history.added >= 1
+    accepted = [(r.usage.model_extra or {})["accepted"] for r in (first, second) if r.usage]
+    assert accepted[1] > accepted[0]
