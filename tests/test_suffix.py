@@ -28,6 +28,7 @@ from spectune.models.llama import LlamaLM
 from spectune.models.toy import toy_model
 from spectune.pairing import Loaded, load_drafter
 from spectune.sampling import SamplingParams
+from spectune.shipped import DEFAULT_SUFFIX_INDEX, shipped_suffix_index
 
 # Token 9 is followed by 1 three times, by 2 twice, by 3 once; "5 6 9" only by 2.
 CORPUS = [
@@ -263,13 +264,22 @@ def write_tokens(path: Path, docs: list[list[int]]) -> Path:
     return path
 
 
+def test_shipped_index_is_for_the_default_target() -> None:
+    path = shipped_suffix_index(DEFAULT_SUFFIX_INDEX)
+    assert path is not None and path.stat().st_size < 8 * 2**20  # ships inside the package
+    index = SuffixIndex.load(path)
+    assert index.header.vocab_size == 49152 and index.header.documents > 0
+    with pytest.raises(IncompatibleModelsError, match="cannot serve 'toy'"):
+        index.check_vocabulary(64, index.header.tokenizer, "toy")
+
+
 @pytest.mark.slow
 def test_shipped_index_loads_by_name_and_rejects_another_vocabulary(smollm2) -> None:  # type: ignore[no-untyped-def]
     drafter = load_drafter("suffix", smollm2)
     assert isinstance(drafter, SuffixDrafter) and drafter.index is not None
     assert drafter.index.header.documents > 0
     hybrid = load_drafter("hybrid", smollm2)
-    assert isinstance(hybrid, HybridDrafter) and isinstance(hybrid.model, ModelDrafter)
+    assert isinstance(hybrid, HybridDrafter) and hybrid.model.name == "feature:smollm2-draft"
     toy = Loaded(toy_model(0), smollm2.tokenizer, smollm2.path)
     with pytest.raises(IncompatibleModelsError, match="suffix index .* cannot serve"):
         load_drafter("suffix", toy)
