@@ -329,7 +329,8 @@ def test_served_requests_draft_from_earlier_outputs() -> None:
     first, second = history_acceptance(setup, history_tokens=10_000, **kwargs)
     _, control = history_acceptance(setup, history_tokens=0, **kwargs)
     assert second.accepted > first.accepted and second.accepted > control.accepted
-    assert second.tokens_per_step > control.tokens_per_step
+    assert second.mean_accepted_length > control.mean_accepted_length
+    assert second.label == "requests 4-6"
 
 
 def test_server_drafts_from_earlier_requests(toy_target: LlamaLM, tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     Console().print(table)
 
 
-def _history(setup: Setup, args: argparse.Namespace) -> list[dict[str, float | int]]:
+def _history(setup: Setup, args: argparse.Namespace) -> list[dict[str, float | int | str]]:
     from spectune.experiments.history import history_acceptance
 
     windows = history_acceptance(
@@ -152,11 +152,11 @@ def _history(setup: Setup, args: argparse.Namespace) -> list[dict[str, float | i
         ["requests", "drafted", "accepted", "acceptance", "tokens/step"],
         [
             [
-                f"{w.first_request + 1}-{w.first_request + w.requests}",
+                w.label.removeprefix("requests "),
                 w.drafted,
                 w.accepted,
                 w.acceptance,
-                w.tokens_per_step,
+                w.mean_accepted_length,
             ]
             for w in windows
         ],

@@ -87,6 +87,11 @@ class DecodeStats:
         return self.tokens / self.steps if self.steps else 0.0
 
     @property
+    def acceptance(self) -> float:
+        """Accepted draft tokens / drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
@@ -101,6 +106,7 @@ class DecodeStats:
             "steps": self.steps,
             "drafted": self.drafted,
             "accepted": self.accepted,
+            "acceptance": round(self.acceptance, 4),
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "target_tokens_per_step": round(self.target_tokens_per_step, 3),
             "tokens_per_second": round(self.tokens_per_second, 3),
