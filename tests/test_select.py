@@ -22,7 +22,8 @@ from spectune.select.selector import SelectSettings, select
 
 
 class _NoTokenizer:
-    """Toy models have no tokenizer; the draft folders carry none, so it is never read."""
+    """Toy models have no tokenizer; the draft folders carry none (the tests trust their
+    vocabulary), so it is never read."""
 
     kind = "BPE"
 
@@ -45,7 +46,13 @@ def test_select_ranks_good_above_bad_and_flags_incompatible(
     target = Loaded(toy_target, _NoTokenizer(), tmp_path)  # type: ignore[arg-type]
     specs = [str(tmp_path / n) for n in ("bad", "wide", "good")]
     specs += ["ngram", "suffix:none", "/no/such/model"]
-    settings = SelectSettings(continuation_tokens=24, confirm_prompts=2, confirm_tokens=24, max_k=4)
+    settings = SelectSettings(
+        continuation_tokens=24,
+        confirm_prompts=2,
+        confirm_tokens=24,
+        max_k=4,
+        trust_draft_vocab=True,  # the toy draft folders carry no tokenizer
+    )
     report = select(target, "toy", specs, _prompts(4), settings)
     ranked = [c.spec for c in report.candidates]
     assert ranked.index(str(tmp_path / "good")) < ranked.index(str(tmp_path / "bad"))

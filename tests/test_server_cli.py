@@ -20,14 +20,14 @@ from spectune.server.testing import running_server, toy_tokenizer
 def captured(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, toy_target: LlamaLM
 ) -> dict[str, Any]:
-    import spectune.cli.serve as serve
+    import spectune.cli.common as common
 
     tokenizer = toy_tokenizer(tmp_path / "tok")
     weights = tmp_path / "toy.gguf"
     weights.touch()  # never read: load_target is replaced below
     loaded = Loaded(toy_target, tokenizer, weights)
     calls: dict[str, Any] = {}
-    monkeypatch.setattr(serve, "load_target", lambda ref, **kw: loaded)
+    monkeypatch.setattr(common, "load_target", lambda ref, **kw: loaded)
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.update(app=app, **kw))
     monkeypatch.delenv("SPECTUNE_API_KEY", raising=False)
     return calls

@@ -72,6 +72,7 @@ class BatchFeatureDrafter:
         self.known[row] = 0
         self.slot_tokens[row] = []
 
+    @torch.inference_mode()
     def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Store the target states of the committed positions the step verified."""
         if features is None:
@@ -80,7 +81,9 @@ class BatchFeatureDrafter:
         if end > self.target_hidden.shape[1]:
             self.known[row] = min(self.known[row], features.start)
             return  # past the head's capacity: the proposal reports the row as full
-        self.target_hidden[row, features.start : end] = features.hidden.float()
+        self.target_hidden[row, features.start : end] = self.head.target_input(
+            features.hidden
+        ).float()
         self.known[row] = end
 
     def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | str]:

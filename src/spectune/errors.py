@@ -10,6 +10,7 @@ __all__ = [
     "ModelLoadError",
     "PromptError",
     "SpectuneError",
+    "SpectuneWarning",
 ]
 
 
@@ -39,3 +40,8 @@ class DrafterError(SpectuneError):
 
 class BatchFullError(SpectuneError):
     """Every row of a batch is taken; retry after a sequence finishes."""
+
+
+class SpectuneWarning(UserWarning):
+    """A check an expert flag switched off, or a run that works but not as asked (one line;
+    the CLI prints it as ``spectune: warning: ...``)."""

@@ -3,10 +3,22 @@
 Checks follow llama.cpp's speculative example: vocabulary sizes at most 128 apart,
 identical special-token ids, and identical token strings over the shared range (the
 first and last ids beyond the special ones are where mismatches show first).
+
+Policies:
+
+- Vocabulary sizes that differ within the tolerance: the draft drafts over the shared
+  range (``spectune.models.vocab.TargetVocabModel`` cuts or pads its logits to the
+  target's width), which keeps verification lossless. A distilled draft (its own
+  ``spectune_draft.json``) must match its target's vocabulary exactly.
+- A draft without a tokenizer: its token strings cannot be compared, so it is refused
+  unless the caller trusts its vocabulary (``trust_draft_vocab``, the CLI's
+  ``--trust-draft-vocab``), which warns what was not checked. A distilled draft needs no
+  tokenizer: it was trained on its target's token ids, and its folder names that target.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +29,10 @@ from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.feature_tree import FeatureTreeDrafter
 from spectune.drafters.hybrid import HybridDrafter
 from spectune.drafters.loading import (
+    DraftMeta,
     feature_drafter_from_folder,
     lm_drafter_from_folder,
+    not_distilled_for,
     read_draft_meta,
 )
 from spectune.drafters.model import ModelDrafter
@@ -26,9 +40,15 @@ from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.suffix import SuffixDrafter
 from spectune.drafters.suffix_index import HistoryStore, SuffixIndex, tokenizer_fingerprint
 from spectune.drafters.tree import TreeDrafter, TreeGrower, TreeShape
-from spectune.errors import IncompatibleModelsError, InvalidParameterError, ModelLoadError
+from spectune.errors import (
+    IncompatibleModelsError,
+    InvalidParameterError,
+    ModelLoadError,
+    SpectuneWarning,
+)
 from spectune.models.base import LanguageModel, ModelInfo, takes_tree_masks
 from spectune.models.loading import load_model, resolve_model_path
+from spectune.models.vocab import TargetVocabModel
 from spectune.shipped import DEFAULT_SUFFIX_INDEX, shipped_drafts, shipped_suffix_index
 from spectune.tokenizer import Tokenizer, load_tokenizer
 
@@ -38,12 +58,16 @@ __all__ = [
     "check_compatible",
     "compatibility_problems",
     "draft_tokenizer",
+    "drafter_summary",
     "fresh_drafter",
     "is_suffix_spec",
     "load_drafter",
     "load_suffix_drafter",
     "load_target",
+    "pairing_problems",
+    "paired_model_drafter",
     "tree_drafter_for",
+    "unchecked_vocabulary",
     "with_history",
 ]
 
@@ -57,10 +81,20 @@ class Loaded:
     path: Path
 
 
-def load_target(ref: str, *, dtype: torch.dtype = torch.float32, runtime: str = "auto") -> Loaded:
-    """Load a target model and its tokenizer (``default``, a .gguf file or an HF folder)."""
+def load_target(
+    ref: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    runtime: str = "auto",
+    allow_missing_weights: bool = False,
+) -> Loaded:
+    """Load a target model and its tokenizer (``default``, a .gguf file or an HF folder).
+
+    ``allow_missing_weights``: see ``spectune.models.loading.load_model``."""
     path = resolve_model_path(ref)
-    model = load_model(path, dtype=dtype, runtime=runtime)
+    model = load_model(
+        path, dtype=dtype, runtime=runtime, allow_missing_weights=allow_missing_weights
+    )
     return Loaded(model, load_tokenizer(path), path)
 
 
@@ -133,17 +167,78 @@ def draft_tokenizer(path: Path) -> Tokenizer | None:
     return None
 
 
+UNCHECKED_VOCAB = "the draft ships no tokenizer, so its token strings {} with the target's"
+
+
+def unchecked_vocabulary(
+    tokenizer: Tokenizer | None, meta: DraftMeta | None, target: LanguageModel
+) -> str | None:
+    """Why the draft's token strings cannot be checked against the target's, or None when
+    they can (it ships a tokenizer) or need not be (distilled for this very target)."""
+    if tokenizer is not None:
+        return None
+    unchecked = UNCHECKED_VOCAB.format("could not be compared")
+    if meta is None:
+        return unchecked
+    reason = not_distilled_for(meta, target)
+    return None if reason is None else f"{unchecked} and {reason}"
+
+
+def pairing_problems(
+    model: LanguageModel,
+    tokenizer: Tokenizer | None,
+    meta: DraftMeta | None,
+    target: Loaded,
+    *,
+    trust_draft_vocab: bool = False,
+) -> list[str]:
+    """Every reason a draft model (its own tokenizer, its distillation record) cannot serve
+    ``target`` (empty: it can).
+
+    Beyond ``compatibility_problems``: an unchecked vocabulary (``unchecked_vocabulary``)
+    unless ``trust_draft_vocab``; a distilled draft must have its target's vocabulary size
+    exactly."""
+    problems = compatibility_problems(target.model.info, target.tokenizer, model.info, tokenizer)
+    if meta is not None and model.info.vocab_size != target.model.info.vocab_size:
+        problems.append(
+            f"a distilled draft needs its target's vocabulary exactly (target "
+            f"{target.model.info.vocab_size}, draft {model.info.vocab_size})"
+        )
+    unchecked = unchecked_vocabulary(tokenizer, meta, target.model)
+    if unchecked is not None and not trust_draft_vocab:
+        problems.append(f"{unchecked} (--trust-draft-vocab pairs it anyway)")
+    return problems
+
+
+def paired_model_drafter(
+    path: Path, model: LanguageModel, meta: DraftMeta | None, target: LanguageModel
+) -> ModelDrafter:
+    """The drafter of a draft model that passed ``pairing_problems``: a distilled draft as its
+    folder says, a plain one over the shared vocabulary range (see the module docstring)."""
+    if meta is not None:
+        return lm_drafter_from_folder(path, model)
+    if model.info.vocab_size != target.info.vocab_size:
+        return ModelDrafter(TargetVocabModel(model, target.info.vocab_size))
+    return ModelDrafter(model)
+
+
 def load_drafter(
     spec: str | None,
     target: Loaded,
     *,
     dtype: torch.dtype = torch.float32,
     runtime: str = "auto",
+    allow_missing_weights: bool = False,
+    trust_draft_vocab: bool = False,
 ) -> Drafter | None:
     """``None``/``none`` -> no drafter; ``ngram`` -> prompt lookup; ``suffix[:INDEX]`` ->
     suffix drafting (``load_suffix_drafter``); ``hybrid`` -> suffix and the shipped model
     draft, ``suffix[:INDEX]+DRAFT`` -> suffix and that draft (``HybridDrafter``); else a
-    draft model path or shipped draft name, checked against the target before use."""
+    draft model path or shipped draft name, checked against the target before use.
+
+    ``trust_draft_vocab`` pairs a draft without a tokenizer, warning (``SpectuneWarning``)
+    that its token strings were not compared; ``allow_missing_weights``: see
+    ``spectune.models.loading.load_model``."""
     if spec is None or spec == "none":
         return None
     if spec == "ngram":
@@ -158,7 +253,14 @@ def load_drafter(
         suffix = load_suffix_drafter(suffix_spec.partition(":")[2], target)
         if not plus:
             return suffix
-        other = load_drafter(model_spec, target, dtype=dtype, runtime=runtime)
+        other = load_drafter(
+            model_spec,
+            target,
+            dtype=dtype,
+            runtime=runtime,
+            allow_missing_weights=allow_missing_weights,
+            trust_draft_vocab=trust_draft_vocab,
+        )
         if other is None or isinstance(other, SuffixDrafter | HybridDrafter):
             raise InvalidParameterError(f"'{spec}': after '+' comes a draft model or 'ngram'")
         return HybridDrafter(suffix, other)
@@ -167,11 +269,26 @@ def load_drafter(
     if meta is not None and meta.kind == "feature":
         # A feature head shares the target's embedding and output rows, hence its tokenizer.
         return feature_drafter_from_folder(path, target.model)
-    model = load_model(path, dtype=dtype, runtime=runtime)
-    check_compatible(target.model.info, target.tokenizer, model.info, draft_tokenizer(path))
-    if meta is not None:
-        return lm_drafter_from_folder(path, model)
-    return ModelDrafter(model)
+    model = load_model(
+        path, dtype=dtype, runtime=runtime, allow_missing_weights=allow_missing_weights
+    )
+    tokenizer = draft_tokenizer(path)
+    problems = pairing_problems(model, tokenizer, meta, target, trust_draft_vocab=trust_draft_vocab)
+    if problems:
+        raise IncompatibleModelsError(
+            f"draft '{model.info.name}' cannot serve target '{target.model.info.name}': "
+            + "; ".join(problems)
+        )
+    unchecked = unchecked_vocabulary(tokenizer, meta, target.model)
+    if unchecked is not None:
+        warnings.warn(
+            "--trust-draft-vocab: "
+            + unchecked.replace("could not be compared", "were not compared")
+            + "; a mismatch would show only as near-zero acceptance",
+            SpectuneWarning,
+            stacklevel=2,
+        )
+    return paired_model_drafter(path, model, meta, target.model)
 
 
 def is_suffix_spec(spec: str) -> bool:
@@ -253,3 +370,46 @@ def fresh_drafter(drafter: Drafter) -> Drafter:
             drafter.suffix.fresh(), fresh_drafter(drafter.model), drafter.stats, name=drafter.name
         )
     raise InvalidParameterError(f"cannot copy a {type(drafter).__name__} drafter")
+
+
+def drafter_summary(drafter: Drafter | None) -> str:
+    """What really drafts, in words: kind, name, and how it covers the target's vocabulary
+    (the start-up line of ``generate`` and ``serve``)."""
+    if drafter is None:
+        return "none (plain decoding)"
+    if isinstance(drafter, NgramDrafter):
+        return "ngram (prompt lookup)"
+    if isinstance(drafter, SuffixDrafter):
+        index = drafter.index
+        corpus = "no corpus" if index is None else f"{index.header.tokens} corpus tokens"
+        return f"{drafter.name} (suffix lookup, {corpus})"
+    if isinstance(drafter, HybridDrafter):
+        return f"{drafter.name} (suffix lookup or {drafter_summary(drafter.model)}, per step)"
+    if isinstance(drafter, FeatureTreeDrafter | TreeDrafter):
+        shape = drafter.shape
+        inner = drafter.drafter if isinstance(drafter, FeatureTreeDrafter) else drafter.model
+        kind = "feature-head" if isinstance(drafter, FeatureTreeDrafter) else "draft-model"
+        return (
+            f"{drafter.name} ({kind} token tree, width {shape.width}, {shape.nodes} nodes"
+            f"{_coverage(inner)})"
+        )
+    if isinstance(drafter, FeatureDrafter):
+        return f"{drafter.name} (feature head{_coverage(drafter)})"
+    if isinstance(drafter, ModelDrafter):
+        return f"{drafter.name} (draft model{_coverage(drafter)})"
+    return f"{drafter.name} ({type(drafter).__name__})"
+
+
+def _coverage(drafter: LanguageModel | FeatureDrafter | ModelDrafter) -> str:
+    """How a drafter covers the target's vocabulary, as a clause ('' for all of it)."""
+    subset = getattr(drafter, "vocab_subset", None)
+    if subset is not None:
+        return f", reduced vocabulary of {subset.numel()} tokens"
+    model = drafter.model if isinstance(drafter, ModelDrafter) else drafter
+    if isinstance(model, TargetVocabModel):
+        own, target = model.draft_vocab_size, model.info.vocab_size
+        return (
+            f", drafting over the {min(own, target)} token ids shared by its vocabulary "
+            f"({own}) and the target's ({target})"
+        )
+    return ""

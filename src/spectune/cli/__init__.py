@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TextIO
 
 from spectune.cli import (
     bench,
@@ -23,7 +26,8 @@ from spectune.cli import (
     serve,
     suffix,
 )
-from spectune.errors import SpectuneError
+from spectune.cli.common import print_warning
+from spectune.errors import SpectuneError, SpectuneWarning
 
 __all__ = ["main"]
 
@@ -46,13 +50,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The command line as typed, for results files that name the command behind a figure.
     args.command_line = "spectune " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
-        status: int = args.run(args)
+        with _one_line_warnings():
+            status: int = args.run(args)
     except SpectuneError as exc:
         print(f"spectune: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     return status
+
+
+@contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """spectune's own warnings (a check an expert flag switched off) as one
+    ``spectune: warning:`` line each; other warnings as Python shows them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", SpectuneWarning)
+        python_show = warnings.showwarning
+
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
+            if issubclass(category, SpectuneWarning):
+                print_warning(str(message))
+            else:
+                python_show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from spectune.distill.data import DistillCorpus, GenerationSettings
+from spectune.distill.data import DistillCorpus, GenerationSettings, build_answer_features
 from spectune.distill.models import DraftArchitecture
 from spectune.distill.pipeline import CorpusPlan, build_corpora, distill
 from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState
@@ -34,8 +34,32 @@ def register(subparsers: Any) -> None:
         "--corpus",
         action="append",
         type=Path,
-        required=True,
+        default=[],
         help="JSONL prompts (messages / question / instruction / text) or a text file; repeatable",
+    )
+    parser.add_argument(
+        "--answers",
+        type=Path,
+        default=None,
+        help="train on a target answer corpus (`spectune corpus --out`) instead of --corpus; "
+        "its held-out answers are the held-out set",
+    )
+    parser.add_argument(
+        "--answer-shards", type=int, default=None, help="use the first N answer shards"
+    )
+    parser.add_argument(
+        "--feature-layers",
+        type=_layers,
+        default=(),
+        help="target layers a feature head fuses (EAGLE-3), e.g. 2,15,29 or 'auto' "
+        "(low, middle, last); default: the last hidden state only",
+    )
+    parser.add_argument(
+        "--unroll",
+        type=int,
+        default=1,
+        help="draft positions trained per position, feeding the head its own features "
+        "(training-time test); 1 = first draft token only",
     )
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--kind", choices=("lm", "feature"), default="feature")
@@ -88,6 +112,28 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def _layers(text: str) -> tuple[int, ...] | str:
+    if text == "auto":
+        return text
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        message = f"expected comma-separated layer numbers or 'auto', got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def _feature_layers(value: tuple[int, ...] | str, num_layers: int) -> tuple[int, ...]:
+    """'auto': a low, a middle and the last layer (EAGLE-3's choice of three)."""
+    if value == "auto":
+        return (2, num_layers // 2, num_layers - 1)
+    assert isinstance(value, tuple)
+    if list(value) != sorted(set(value)) or not all(0 <= i < num_layers for i in value):
+        raise InvalidParameterError(
+            f"--feature-layers must be ascending layer numbers in [0, {num_layers}), got {value}"
+        )
+    return value
+
+
 def _progress() -> Any:
     from rich.progress import (
         BarColumn,
@@ -114,7 +160,17 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("give a budget: --steps, --tokens and/or --minutes")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if bool(args.corpus) == (args.answers is not None):
+        raise InvalidParameterError("give either --corpus files or an --answers corpus folder")
+    if args.unroll < 1:
+        raise InvalidParameterError(f"--unroll must be >= 1, got {args.unroll}")
     target = load_target(args.target)
+    if not isinstance(target.model, LlamaLM):
+        raise InvalidParameterError("distillation needs a target on the native runtime")
+    num_layers = target.model.net.cfg.num_layers
+    feature_layers = _feature_layers(args.feature_layers, num_layers)
+    if feature_layers and args.kind != "feature":
+        raise InvalidParameterError("--feature-layers is for --kind feature")
     plan = CorpusPlan(
         paths=tuple(args.corpus),
         cache_dir=args.cache_dir,
@@ -131,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
         num_heads=args.heads,
         num_kv_heads=args.kv_heads,
         intermediate_size=args.ffn,
+        feature_layers=feature_layers,
+        unroll=args.unroll,
     )
     settings = TrainSettings(
         learning_rate=args.lr,
@@ -147,9 +205,23 @@ def run(args: argparse.Namespace) -> int:
                 tasks[stage] = progress.add_task(stage, total=total, stats="")
             progress.update(tasks[stage], completed=done)
 
-        generated, reference, folders = build_corpora(target, plan, on_corpus)
+        given_heldout: DistillCorpus | None = None
+        if args.answers is not None:
+            # Features are cached per answer shard, keyed by what the head reads.
+            key = "-".join(map(str, feature_layers)) or "last"
+            generated, given_heldout = build_answer_features(
+                target.model,
+                args.answers,
+                args.cache_dir / "answer-features" / f"{args.answers.resolve().name}-{key}",
+                layers=feature_layers,
+                max_shards=args.answer_shards,
+                on_shard=lambda done, total: on_corpus("features", done, total),
+            )
+            reference, folders = DistillCorpus([]), list[Path]()
+        else:
+            generated, reference, folders = build_corpora(target, plan, on_corpus)
         refresh = None
-        if args.follow_cache:
+        if args.follow_cache and args.answers is None:
             generated_folder = folders[0] if plan.generate > 0 else None
             reference_folder = folders[-1] if plan.reference > 0 else None
 
@@ -173,13 +245,13 @@ def run(args: argparse.Namespace) -> int:
 
         def on_eval(point: CurvePoint) -> None:
             heldout["top1"] = point.heldout_top1
+            later = " ".join(f"{a:.3f}" for a in point.heldout_top1_by_position[1:])
             progress.console.print(
                 f"step {point.step:>6}  positions {point.tokens:>9,}  held-out KL "
                 f"{point.heldout_kl:.3f}  acceptance (teacher-forced) {point.heldout_top1:.3f}"
+                + (f"  later draft positions {later}" if later else "")
             )
 
-        if not isinstance(target.model, LlamaLM):
-            raise InvalidParameterError("distillation needs a target on the native runtime")
         result = distill(
             target.model,
             (generated, reference),
@@ -190,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
             budget=budget,
             heldout_sequences=args.heldout,
             training_record={"command": args.command_line},
+            heldout=given_heldout,
             resume=args.resume,
             refresh=refresh,
             on_step=on_step,

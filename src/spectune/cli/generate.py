@@ -7,7 +7,14 @@ import json
 import sys
 from typing import Any
 
-from spectune.cli.common import add_model_args, add_sampling_args, parse_dtype, sampling_from_args
+from spectune.cli.common import (
+    add_model_args,
+    add_sampling_args,
+    load_models,
+    print_warning,
+    sampling_from_args,
+    startup_line,
+)
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
@@ -17,7 +24,7 @@ from spectune.engine import Generation, SpeculativeEngine
 from spectune.models.base import LanguageModel
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.trace import TraceWriter
-from spectune.pairing import load_drafter, load_target, tree_drafter_for
+from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
 from spectune.textgen import stream_text
 from spectune.tokenizer import Tokenizer
@@ -120,12 +127,11 @@ def run(args: argparse.Namespace) -> int:
     spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
     policy = build_policy(spec, params=params)  # checks the options before loading models
-    dtype = parse_dtype(args.dtype)
-    target = load_target(args.target, dtype=dtype, runtime=args.runtime)
-    drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
+    target, drafter = load_models(args)
     if args.tree_width is not None or args.tree_nodes is not None:
         drafter = tree_drafter(drafter, target.model, args)
     prompt = prompt_tokens(args, target.tokenizer)
+    print(f"spectune: {startup_line(drafter, spec)}", file=sys.stderr, flush=True)
     engine = SpeculativeEngine(target.model, drafter)
     info = {
         "policy": spec.name,
@@ -137,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     }
     trace = TraceWriter(args.trace) if args.trace else None
     try:
-        watch = Monitor(trace=trace).request(policy=policy, info=info)
+        watch = Monitor(trace=trace, on_warning=print_warning).request(policy=policy, info=info)
         gen, text = decode(engine, target.tokenizer, prompt, params, policy, not args.json, watch)
         watch.finish()
         plain = None

@@ -43,6 +43,11 @@ def register(subparsers: Any) -> None:
         help="also measure this K for the predicted-vs-measured plot",
     )
     parser.add_argument("--no-confirm", action="store_true", help="skip the real runs")
+    parser.add_argument(
+        "--trust-draft-vocab",
+        action="store_true",
+        help="rank drafts that ship no tokenizer without comparing their token strings",
+    )
     parser.add_argument("--report-dir", type=Path, default=Path("select-report"))
     parser.set_defaults(run=run)
 
@@ -67,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         max_k=args.max_k,
         extra_ks=tuple(args.extra_k),
         confirm=not args.no_confirm,
+        trust_draft_vocab=args.trust_draft_vocab,
     )
     # Piped output gets rich's 80 columns, too narrow for the table: widen it there.
     console = Console() if sys.stdout.isatty() else Console(width=160)

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from spectune.cli.common import add_model_args, parse_dtype
+from spectune.cli.common import add_model_args, load_models, print_warning, startup_line
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
@@ -21,7 +21,7 @@ from spectune.drafters.suffix_index import HistoryStore
 from spectune.errors import InvalidParameterError
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
-from spectune.pairing import load_drafter, load_target, with_history
+from spectune.pairing import with_history
 from spectune.sampling import SamplingParams
 from spectune.server.engines import ENGINES, DraftSource, EngineSettings, build_engine
 
@@ -114,9 +114,7 @@ def run(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         speculate_max_batch=args.speculate_max_batch,
     )
-    dtype = parse_dtype(args.dtype)
-    target = load_target(args.target, dtype=dtype, runtime=args.runtime)
-    drafter = load_drafter(args.draft or "ngram", target, dtype=dtype, runtime=args.runtime)
+    target, drafter = load_models(args)
     if args.suffix_history_tokens > 0:
         drafter = with_history(drafter, HistoryStore(args.suffix_history_tokens))
     draft = DraftSource.from_drafter(drafter)
@@ -146,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         context_limit=context,
         policies=policies,
-        monitor=Monitor(registry=metrics.registry, trace=trace),
+        monitor=Monitor(registry=metrics.registry, trace=trace, on_warning=print_warning),
         metrics=metrics,
     )
     if not args.api_key and not _is_loopback(args.host):
@@ -155,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             "reach it can use it (set --api-key or SPECTUNE_API_KEY)",
             file=sys.stderr,
         )
+    print(f"spectune: {startup_line(drafter, spec)}; engine {args.engine}", file=sys.stderr)
     print(
         f"spectune: serving '{name}' (drafter {draft.name or 'none'}, policy {spec.name}, engine "
         f"{args.engine}) at http://{args.host}:{args.port}/v1",

@@ -56,6 +56,7 @@ __all__ = [
     "SeedData",
     "build_shards",
     "corpus_stats",
+    "read_answer_shard",
     "read_answers",
 ]
 
@@ -413,9 +414,9 @@ class _Shard:
         self.settings = settings
         self.rng = random.Random(f"{settings.seed}-{index}")
         eos = set(model.info.eos_token_ids)
-        im_start = writer.hf.convert_tokens_to_ids("<|im_start|>")
-        if isinstance(im_start, int) and im_start >= 0:
-            eos.add(im_start)
+        im_start = writer.hf.get_vocab().get("<|im_start|>")  # a turn opening ends one too
+        if im_start is not None:
+            eos.add(int(im_start))
         self.turn_stops = frozenset(eos)
         self.answers: list[Answer] = []
         self._serial = 0
@@ -636,38 +637,45 @@ def _save(path: Path, answers: list[Answer], settings: CorpusSettings) -> None:
     tmp.rename(path)  # a shard exists completely or not at all
 
 
+def read_answer_shard(path: Path) -> list[Answer]:
+    """The answers of one shard, in the order they were written."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        meta = handle.metadata()
+        tokens = handle.get_tensor("tokens").tolist()
+        offsets = handle.get_tensor("offsets").tolist()
+        prompt_lengths = handle.get_tensor("prompt_lengths").tolist()
+    answers = []
+    for i, record in enumerate(json.loads(meta["records"])):
+        seq = tokens[offsets[i] : offsets[i + 1]]
+        answers.append(
+            Answer(
+                record["id"],
+                record["category"],
+                split_of(record["id"]),
+                float(record["temperature"]),
+                tuple(seq[: prompt_lengths[i]]),
+                tuple(seq[prompt_lengths[i] :]),
+                record["finish"],
+            )
+        )
+    return answers
+
+
 def read_answers(folder: Path, *, split: str | None = None) -> Iterator[Answer]:
     """Every answer in the corpus folder, shard by shard, deduplicated by prompt.
 
     ``split`` keeps only ``"train"`` or ``"heldout"`` records.
     """
-    from safetensors import safe_open
-
     if not folder.is_dir():
         raise InvalidParameterError(f"corpus folder not found: {folder}")
-    seen: set[bytes] = set()
+    seen: set[tuple[int, ...]] = set()
     for path in sorted(folder.glob("shard-*.safetensors")):
-        with safe_open(str(path), framework="pt") as handle:
-            meta = handle.metadata()
-            tokens = handle.get_tensor("tokens").tolist()
-            offsets = handle.get_tensor("offsets").tolist()
-            prompt_lengths = handle.get_tensor("prompt_lengths").tolist()
-        for i, record in enumerate(json.loads(meta["records"])):
-            seq = tokens[offsets[i] : offsets[i + 1]]
-            prompt, answer = seq[: prompt_lengths[i]], seq[prompt_lengths[i] :]
-            key = hashlib.sha1(json.dumps(prompt).encode()).digest()
-            if key in seen:
+        for item in read_answer_shard(path):
+            if item.prompt in seen:
                 continue
-            seen.add(key)
-            item = Answer(
-                record["id"],
-                record["category"],
-                split_of(record["id"]),
-                float(record["temperature"]),
-                tuple(prompt),
-                tuple(answer),
-                record["finish"],
-            )
+            seen.add(item.prompt)
             if split is None or item.split == split:
                 yield item
 

@@ -26,16 +26,20 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from spectune.distill.corpus import Answer
 from spectune.distill.sources import CorpusItem
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
+from spectune.models.llama import LlamaLM
 from spectune.tokenizer import Tokenizer
 
 __all__ = [
     "DistillCorpus",
     "GenerationSettings",
+    "build_answer_features",
     "build_corpus",
     "corpus_from_token_ids",
+    "features_of_answers",
 ]
 
 
@@ -314,3 +318,101 @@ def corpus_from_token_ids(
     for batch in _batches(encoded, settings.batch_size):
         records.extend(_run_batch(target, batch, settings, pad_id))
     return DistillCorpus(records)
+
+
+@torch.inference_mode()
+def features_of_answers(
+    model: LlamaLM,
+    answers: Sequence[Answer],
+    *,
+    layers: tuple[int, ...] = (),
+    top_k: int = 32,
+    prompt_context: int = 128,
+    batch_tokens: int = 4096,
+) -> list[dict[str, Tensor]]:
+    """Training records of target answers: one teacher-forced pass over prompt + answer.
+
+    ``hidden`` holds the target states a head reads (the concatenated ``layers``, or the
+    last state), ``topk_*`` the soft labels, ``loss_mask`` the positions whose next token
+    is the target's answer. Only the last ``prompt_context`` prompt positions are kept
+    (the head attends over them; the states were computed with the whole prompt).
+    """
+    order = sorted(
+        range(len(answers)), key=lambda i: len(answers[i].prompt) + len(answers[i].answer)
+    )
+    records: dict[int, dict[str, Tensor]] = {}
+    start = 0
+    while start < len(order):
+        longest = len(answers[order[start]].prompt) + len(answers[order[start]].answer)
+        group = [order[start]]
+        while start + len(group) < len(order):
+            nxt = order[start + len(group)]
+            length = len(answers[nxt].prompt) + len(answers[nxt].answer)
+            if length * (len(group) + 1) > batch_tokens:
+                break
+            group.append(nxt)
+            longest = length
+        start += len(group)
+        sequences = [list(answers[i].prompt) + list(answers[i].answer) for i in group]
+        tokens = torch.zeros(len(group), longest, dtype=torch.long)  # right-padded
+        for row, seq in enumerate(sequences):
+            tokens[row, : len(seq)] = torch.tensor(seq)
+        positions = torch.arange(longest).expand_as(tokens)
+        logits, states = model.net(tokens, positions, capture=layers)  # causal, no cache
+        for row, index in enumerate(group):
+            answer = answers[index]
+            n = len(sequences[row])
+            first = max(0, len(answer.prompt) - prompt_context)
+            ids, probs = _topk(logits[row, first:n], top_k)
+            mask = torch.zeros(n - first, dtype=torch.uint8)
+            mask[len(answer.prompt) - 1 - first : n - 1 - first] = 1  # predicts an answer token
+            records[index] = {
+                "tokens": torch.tensor(sequences[row][first:], dtype=torch.int32),
+                "hidden": states[row, first:n].to(torch.float16),
+                "topk_ids": ids,
+                "topk_probs": probs,
+                "loss_mask": mask,
+            }
+    return [records[i] for i in range(len(answers))]
+
+
+def build_answer_features(
+    model: LlamaLM,
+    answers_folder: Path,
+    out: Path,
+    *,
+    layers: tuple[int, ...] = (),
+    top_k: int = 32,
+    prompt_context: int = 128,
+    max_shards: int | None = None,
+    on_shard: Callable[[int, int], None] | None = None,
+) -> tuple[DistillCorpus, DistillCorpus]:
+    """(train, held-out) corpora of the answer corpus in ``answers_folder``: one feature
+    shard per answer shard under ``out/train`` and ``out/heldout`` (resumable: a shard is
+    written whole or not at all, and ``out/done`` marks a finished answer shard). Answers
+    are deduplicated by prompt across shards; held out are those the corpus holds out."""
+    from spectune.distill.corpus import read_answer_shard
+
+    shards = sorted(answers_folder.glob("shard-*.safetensors"))[:max_shards]
+    if not shards:
+        raise InvalidParameterError(f"no answer shards in {answers_folder}")
+    for sub in ("train", "heldout", "done"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    seen: set[tuple[int, ...]] = set()
+    for done, shard in enumerate(shards, 1):
+        answers = [a for a in read_answer_shard(shard) if a.prompt not in seen]
+        seen.update(a.prompt for a in answers)
+        marker = out / "done" / shard.name
+        if marker.exists():
+            continue
+        for split in ("train", "heldout"):
+            chosen = [a for a in answers if a.split == split]
+            if chosen:
+                records = features_of_answers(
+                    model, chosen, layers=layers, top_k=top_k, prompt_context=prompt_context
+                )
+                _save_shard(out / split / shard.name, records)
+        marker.touch()
+        if on_shard is not None:
+            on_shard(done, len(shards))
+    return DistillCorpus.load(out / "train"), DistillCorpus.load(out / "heldout")

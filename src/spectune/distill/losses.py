@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["SoftLabels", "feature_regression", "kl_to_target", "soft_labels", "top1_agreement"]
+__all__ = ["SoftLabels", "feature_regression", "kl_to_target", "soft_labels"]
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,3 @@ def kl_to_target(draft_logits: Tensor, labels: SoftLabels) -> Tensor:
 def feature_regression(predicted: Tensor, target: Tensor) -> Tensor:
     """Smooth-L1 between the head's features and the target's (EAGLE's regression term)."""
     return F.smooth_l1_loss(predicted.float(), target.float())
-
-
-def top1_agreement(draft_logits: Tensor, labels: SoftLabels) -> Tensor:
-    """Fraction of positions where the draft's argmax is the target's: the greedy
-    acceptance of a first draft token, teacher-forced. draft_logits: [n, num_draft_tokens]."""
-    return (draft_logits.argmax(-1) == labels.target_top1).float().mean()

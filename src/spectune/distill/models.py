@@ -34,7 +34,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DraftArchitecture:
-    """What the user asks for. ``feature`` uses the target's width; layers is ignored."""
+    """What the user asks for. ``feature`` uses the target's width; layers is ignored.
+
+    ``feature_layers``: target layers a feature head fuses (EAGLE-3; () = last state only).
+    ``unroll``: draft positions trained per position (training-time test; 1 = EAGLE-1).
+    """
 
     kind: str  # "lm" | "feature"
     num_layers: int = 4
@@ -42,12 +46,14 @@ class DraftArchitecture:
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 768
+    feature_layers: tuple[int, ...] = ()
+    unroll: int = 1
 
 
 @dataclass(frozen=True)
 class TrainBatch:
     tokens: Tensor  # [batch, length] int64 (padding after each sequence's end)
-    hidden: Tensor  # [batch, length, target_hidden] the target's states (fp32)
+    hidden: Tensor  # [batch, length, state_size] the target's exposed states (fp32)
     topk_ids: Tensor  # [batch, length, k]
     topk_probs: Tensor  # [batch, length, k]
     loss_mask: Tensor  # [batch, length] bool: position predicts a target-chosen token
@@ -57,8 +63,9 @@ class TrainBatch:
 class DraftOutputs:
     logits: Tensor  # [n, num_draft_tokens] at the selected positions
     position_index: tuple[Tensor, Tensor]  # (batch rows, positions) the logits belong to
-    predicted: Tensor | None  # [n, hidden] head features, for the regression term
-    target_features: Tensor | None  # [n, hidden]
+    predicted: Tensor | None  # [m, hidden] head features, for the regression term
+    target_features: Tensor | None  # [m, hidden]
+    draft_position: Tensor | None = None  # [n] 0 = first draft token, 1 = second, ...
 
 
 class TrainableDraft(Protocol):
@@ -133,12 +140,47 @@ class LMDraftModel:
         return LlamaLM(self.net.eval(), name="distilled-draft")
 
 
+class _UnrollCache:
+    """Keys and values of the unroll steps so far, for one decoder layer: step j's queries
+    attend over steps 0..j (the mask says which). Duck-types the two ``StaticKVCache``
+    verbs the attention calls; nothing is written in place, so autograd sees plain
+    concatenations."""
+
+    def __init__(self) -> None:
+        self.keys: list[Tensor] = []  # per step: [batch, kv_heads, n, head_dim]
+        self.values: list[Tensor] = []
+
+    def write(self, layer: int, slots: Tensor, keys: Tensor, values: Tensor) -> None:
+        self.keys.append(keys.transpose(1, 2))
+        self.values.append(values.transpose(1, 2))
+
+    def view(self, layer: int, used: int) -> tuple[Tensor, Tensor]:
+        return torch.cat(self.keys, dim=2), torch.cat(self.values, dim=2)
+
+
+def unroll_mask(n: int, step: int) -> Tensor:
+    """[n, (step + 1) * n] bool: what head slot i at unroll step ``step`` may see.
+
+    At step j slot i plays the j-th draft token after a draft started at slot i - j: it
+    sees the slots built from real target states up to i - j (step 0) and the draft's own
+    slots i - j + m at steps m = 1..j, exactly the cache a drafter holds at that point.
+    """
+    index = torch.arange(n)
+    parts = [index[None, :] <= (index[:, None] - step)]  # step 0: real-state prefix
+    for m in range(1, step + 1):
+        parts.append(index[None, :] == (index[:, None] - step + m))
+    return torch.cat(parts, dim=1)
+
+
 class FeatureDraftModel:
     kind = "feature"
 
-    def __init__(self, head: FeatureHead, vocab_subset: Tensor | None) -> None:
+    def __init__(self, head: FeatureHead, vocab_subset: Tensor | None, *, unroll: int = 1) -> None:
+        if unroll < 1:
+            raise ValueError(f"unroll must be >= 1, got {unroll}")
         self.head = head
         self.vocab_subset = vocab_subset
+        self.unroll = unroll
 
     @classmethod
     def create(
@@ -159,30 +201,72 @@ class FeatureDraftModel:
             rope_theta=tcfg.rope_theta,
             rms_norm_eps=tcfg.rms_norm_eps,
             max_context=tcfg.max_context,
+            feature_layers=arch.feature_layers,
         )
         head = feature_head_for(cfg, target, vocab_subset)
         with torch.no_grad():
             for name, param in head.named_parameters():
                 if "norm" not in name:
                     param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
-            # Start near "the next state is the previous one": the fc passes h through.
+            # Start near "the next state is the previous one": the fc passes h through,
+            # and a fusion starts by passing the last fused layer through.
             hidden = tcfg.hidden_size
             head.fc.weight[:, hidden:] += torch.eye(hidden)
+            if head.fuse is not None:
+                head.fuse.weight[:, -hidden:] += torch.eye(hidden)
             head.norm.weight.copy_(target.norm.weight)
-        return cls(head, vocab_subset)
+        return cls(head, vocab_subset, unroll=arch.unroll)
 
     def module(self) -> nn.Module:
         return self.head
 
     def train_forward(self, batch: TrainBatch) -> DraftOutputs:
-        # Head position t (t >= 1) reads token t and h[t - 1]; it predicts token t + 1, whose
-        # soft labels are stored at t, and its features regress onto h[t].
-        features = self.head(batch.tokens[:, 1:], batch.hidden[:, :-1])  # [batch, L-1, hidden]
-        mask = batch.loss_mask[:, 1:]
-        rows, cols = mask.nonzero(as_tuple=True)
-        selected = features[rows, cols]
-        logits = self.head.logits(selected)
-        return DraftOutputs(logits, (rows, cols + 1), selected, batch.hidden[rows, cols + 1])
+        """Head slot i holds position t = i + 1: it reads token t and h[t - 1] and predicts
+        token t + 1, whose soft labels are stored at t.
+
+        Unroll step 0 reads the target's h (the first draft token). Step j >= 1 reads the
+        head's own output of step j - 1 at the slot before instead (the (j+1)-th draft
+        token), under ``unroll_mask``: the training-time test of EAGLE-3, so what the
+        head sees in training is what it sees when drafting, and the loss at each step
+        teaches it to use its own features. A single-layer head's step-0 features also
+        regress onto the target's next state (EAGLE-1); a fused head has no such target.
+        """
+        head = self.head
+        tokens = batch.tokens[:, 1:]  # [batch, n]
+        n = tokens.shape[1]
+        prev = head.target_input(batch.hidden[:, :-1])  # [batch, n, hidden] h[t - 1]
+        valid = batch.loss_mask[:, 1:]  # [batch, n]
+        positions = torch.arange(n).expand_as(tokens)
+        cache = _UnrollCache()
+        logits: list[Tensor] = []
+        rows_all: list[Tensor] = []
+        cols_all: list[Tensor] = []
+        steps: list[Tensor] = []
+        predicted = target = None
+        features = prev
+        for step in range(self.unroll):
+            if step > 0:
+                # Slot i now reads the head's own output at slot i - 1 (slot 0 reads zeros
+                # and is never scored: a step-j draft needs a start at slot i - j >= 0).
+                prev = torch.cat((torch.zeros_like(features[:, :1]), features[:, :-1]), dim=1)
+                valid = valid & (torch.arange(n) >= step)[None, :]
+            mask = unroll_mask(n, step)[None, None].expand(tokens.shape[0], 1, n, -1)
+            features = head.forward_masked(tokens, prev, cache, positions, mask)
+            rows, cols = valid.nonzero(as_tuple=True)
+            selected = features[rows, cols]  # [m, hidden]
+            logits.append(head.logits(selected))
+            rows_all.append(rows)
+            cols_all.append(cols + 1)
+            steps.append(torch.full_like(rows, step))
+            if step == 0 and head.fuse is None:
+                predicted, target = selected, batch.hidden[rows, cols + 1]
+        return DraftOutputs(
+            torch.cat(logits),
+            (torch.cat(rows_all), torch.cat(cols_all)),
+            predicted,
+            target,
+            torch.cat(steps),
+        )
 
 
 def feature_head_for(

@@ -126,16 +126,20 @@ def distill(
     budget: Budget,
     heldout_sequences: int,
     training_record: dict[str, Any],
+    heldout: DistillCorpus | None = None,
     resume: bool = False,
     refresh: Callable[[], tuple[DistillCorpus, DistillCorpus]] | None = None,
     on_step: Callable[[TrainState, float, float], None] | None = None,
     on_eval: Callable[[CurvePoint], None] | None = None,
 ) -> DistillResult:
     generated, reference = corpora
-    # Held out: the head of the self-generated corpus (what drafts will face at run time).
-    source = generated if len(generated) else reference
-    _, heldout = source.split(heldout_sequences)
-    held = len(heldout)
+    # Held out: given (an answer corpus holds out by id), else the head of the
+    # self-generated corpus (what drafts will face at run time).
+    held = 0  # leading sequences of the source that are held out, not trained on
+    if heldout is None:
+        source = generated if len(generated) else reference
+        _, heldout = source.split(heldout_sequences)
+        held = len(heldout)
     rng = random.Random(settings.seed)
 
     def training_set(generated: DistillCorpus, reference: DistillCorpus) -> DistillCorpus:
@@ -147,7 +151,7 @@ def distill(
         return DistillCorpus(sequences)
 
     corpus = training_set(generated, reference)
-    if len(corpus) == 0 or held == 0:
+    if len(corpus) == 0 or len(heldout) == 0:
         raise InvalidParameterError("the corpus is too small to hold out sequences for checks")
     reload = None if refresh is None else (lambda: training_set(*refresh()))
 
@@ -207,11 +211,24 @@ def plot_curve(curve: list[CurvePoint], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([p.tokens for p in curve], [p.heldout_top1 for p in curve], marker="o")
+    positions = max((len(p.heldout_top1_by_position) for p in curve), default=1) or 1
+    for index in range(positions):
+        points = [
+            (
+                p.tokens,
+                p.heldout_top1_by_position[index] if p.heldout_top1_by_position else p.heldout_top1,
+            )
+            for p in curve
+            if index < max(1, len(p.heldout_top1_by_position))
+        ]
+        label = "first draft token" if index == 0 else f"draft token {index + 1} (own features)"
+        ax.plot(*zip(*points, strict=True), marker="o", label=label)
     ax.set_xlabel("training positions seen")
-    ax.set_ylabel("held-out greedy acceptance\n(first draft token, teacher-forced)")
+    ax.set_ylabel("held-out greedy acceptance\n(teacher-forced prefix)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
+    if positions > 1:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from spectune.distill.data import DistillCorpus
-from spectune.distill.losses import feature_regression, kl_to_target, soft_labels, top1_agreement
+from spectune.distill.losses import SoftLabels, feature_regression, kl_to_target, soft_labels
 from spectune.distill.models import TrainableDraft, TrainBatch
 from spectune.errors import InvalidParameterError
 
@@ -76,6 +76,9 @@ class CurvePoint:
     train_loss: float
     heldout_kl: float
     heldout_top1: float  # teacher-forced greedy acceptance of a first draft token
+    # The same for draft tokens 1, 2, ... when the head is trained unrolled (its own
+    # features fed back): index 0 repeats heldout_top1.
+    heldout_top1_by_position: tuple[float, ...] = ()
 
 
 @dataclass
@@ -127,39 +130,69 @@ def iterate_batches(
         yield _collate([corpus.sequences[i] for i in group], settings.max_length)
 
 
+@dataclass(frozen=True)
+class _BatchLoss:
+    loss: Tensor  # what is minimised: KL (every draft position) + feature regression
+    kl: float  # mean KL of the first draft position
+    agree: list[tuple[int, int]]  # per draft position: (target argmax matched, positions)
+
+
 def _losses(
     draft: TrainableDraft, batch: TrainBatch, column_of: Tensor, settings: TrainSettings
-) -> tuple[Tensor, Tensor, Tensor, int]:
-    """(total loss, KL, top-1 agreement, positions) of one batch."""
+) -> _BatchLoss:
+    """The losses of one batch. Positions of every unrolled draft step count equally in
+    the loss; the reported KL and the counters are kept per draft position."""
     out = draft.train_forward(batch)
     rows, cols = out.position_index
     labels = soft_labels(batch.topk_ids[rows, cols], batch.topk_probs[rows, cols], column_of)
-    kl = kl_to_target(out.logits, labels)
-    loss = kl
+    loss = kl_to_target(out.logits, labels)
     if out.predicted is not None and out.target_features is not None:
         loss = loss + settings.regression_weight * feature_regression(
             out.predicted, out.target_features
         )
-    return loss, kl.detach(), top1_agreement(out.logits.detach(), labels), int(rows.numel())
+    step = out.draft_position if out.draft_position is not None else torch.zeros_like(rows)
+    matched = out.logits.detach().argmax(-1) == labels.target_top1  # [n]
+    agree = [
+        (int(matched[step == s].sum()), int((step == s).sum()))
+        for s in range(int(step.max()) + 1 if step.numel() else 1)
+    ]
+    first = step == 0
+    kl = (
+        float(kl_to_target(out.logits.detach()[first], _select(labels, first)))
+        if first.any()
+        else 0.0
+    )
+    return _BatchLoss(loss, kl, agree)
+
+
+def _select(labels: SoftLabels, keep: Tensor) -> SoftLabels:
+    return SoftLabels(labels.columns[keep], labels.probs[keep], labels.target_top1[keep])
 
 
 @torch.no_grad()
 def evaluate(
     draft: TrainableDraft, heldout: DistillCorpus, column_of: Tensor, settings: TrainSettings
-) -> tuple[float, float]:
-    """(KL, top-1 agreement) averaged over the held-out training positions."""
+) -> tuple[float, list[float]]:
+    """(KL of the first draft position, top-1 agreement per draft position) over the
+    held-out training positions."""
     module = draft.module()
     was_training = module.training
     module.eval()
-    kl_sum = agree_sum = 0.0
-    count = 0
+    kl_sum = 0.0
+    matched: list[int] = []
+    counts: list[int] = []
     for batch in iterate_batches(heldout, settings, None):
-        _, kl, agree, n = _losses(draft, batch, column_of, settings)
-        kl_sum += float(kl) * n
-        agree_sum += float(agree) * n
-        count += n
+        result = _losses(draft, batch, column_of, settings)
+        for position, (hits, n) in enumerate(result.agree):
+            if position == len(counts):
+                matched.append(0)
+                counts.append(0)
+            matched[position] += hits
+            counts[position] += n
+        kl_sum += result.kl * (result.agree[0][1] if result.agree else 0)
     module.train(was_training)
-    return kl_sum / max(count, 1), agree_sum / max(count, 1)
+    rates = [m / max(c, 1) for m, c in zip(matched, counts, strict=True)] or [0.0]
+    return kl_sum / max(counts[0] if counts else 0, 1), rates
 
 
 def _lr(settings: TrainSettings, step: int, fraction: float) -> float:
@@ -206,7 +239,9 @@ def train(
 
     def record() -> None:
         kl, agree = evaluate(draft, heldout, column_of, settings)
-        point = CurvePoint(state.step, state.tokens, state.seconds, last_loss, kl, agree)
+        point = CurvePoint(
+            state.step, state.tokens, state.seconds, last_loss, kl, agree[0], tuple(agree)
+        )
         state.curve.append(point)
         if on_eval:
             on_eval(point)
@@ -229,7 +264,9 @@ def train(
         fraction = budget.fraction(state.step, state.tokens, state.seconds)
         for group in optimizer.param_groups:
             group["lr"] = _lr(settings, state.step, fraction)
-        loss, _, _, positions = _losses(draft, batch, column_of, settings)
+        result = _losses(draft, batch, column_of, settings)
+        loss = result.loss
+        positions = result.agree[0][1] if result.agree else 0
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -57,6 +57,7 @@ class FeatureDrafter:
         self.known = 0
         self.slot_tokens = []
 
+    @torch.inference_mode()
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Store the target states of the committed positions the step just verified."""
         if features is None:
@@ -67,7 +68,7 @@ class FeatureDrafter:
         end = features.start + features.hidden.shape[0]
         if end > capacity:
             raise DrafterError(f"context of {end} tokens exceeds the head's {capacity}")
-        self.target_hidden[features.start : end] = features.hidden.float()
+        self.target_hidden[features.start : end] = self.head.target_input(features.hidden).float()
         self.known = end
 
     def _probs(self, probs: Tensor) -> Tensor:
@@ -151,7 +152,8 @@ class FeatureDrafter:
         if n < 2:
             return rows
         ids = torch.tensor([list(tokens[1:n])])  # [1, n - 1] positions 1..n-1
-        features = self.head(ids, target_hidden[None, : n - 1].float())[0]  # [n - 1, hidden]
+        prev = self.head.target_input(target_hidden[None, : n - 1].float())  # [1, n - 1, hidden]
+        features = self.head(ids, prev)[0]  # [n - 1, hidden]
         probs = process_logits(self.head.logits(features), params)
         rows[1:] = probs if self.vocab_subset is None else self._probs(probs)
         return rows

@@ -34,6 +34,7 @@ __all__ = [
     "DRAFT_META_FILE",
     "DraftMeta",
     "feature_drafter_from_folder",
+    "not_distilled_for",
     "read_draft_meta",
     "restrict_output",
     "target_fingerprint",
@@ -67,6 +68,29 @@ def target_fingerprint(target: LlamaTransformer) -> float:
     apart while tolerating quantisation (a GGUF and its f16 original agree to ~1%)."""
     rows = target.embed_tokens.weight.detach()[:256].float()
     return float(rows.norm(dim=-1).mean())
+
+
+def _other_target(described: dict[str, Any], target: LlamaTransformer) -> str | None:
+    """Why the weights of ``target`` are not those a draft's folder describes (or None)."""
+    expected = described.get("fingerprint")
+    if isinstance(expected, float) and abs(target_fingerprint(target) - expected) > 0.05 * expected:
+        return f"trained for a different target ({described.get('name', '?')})"
+    return None
+
+
+def not_distilled_for(meta: DraftMeta, target: LanguageModel) -> str | None:
+    """Why the distilled draft of ``meta`` was not trained on ``target``'s token ids, or None
+    when its record agrees (vocabulary size, and the weight fingerprint on the native
+    runtime)."""
+    described = meta.data.get("target")
+    if not isinstance(described, dict):
+        return "its spectune_draft.json does not name the target it was distilled for"
+    if described.get("vocab_size") != target.info.vocab_size:
+        return (
+            f"it was distilled for a vocabulary of {described.get('vocab_size')}, "
+            f"not {target.info.vocab_size}"
+        )
+    return _other_target(described, target.net) if isinstance(target, LlamaLM) else None
 
 
 def _subset(path: Path) -> Tensor | None:
@@ -116,9 +140,9 @@ def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDra
             f"trained for hidden size {cfg.hidden_size} / vocabulary {cfg.target_vocab_size}, "
             f"the target has {net.cfg.hidden_size} / {net.cfg.vocab_size}"
         )
-    expected = described.get("fingerprint")
-    if isinstance(expected, float) and abs(target_fingerprint(net) - expected) > 0.05 * expected:
-        problems.append(f"trained for a different target ({described.get('name', '?')})")
+    other = _other_target(described, net)
+    if other is not None:
+        problems.append(other)
     if problems:
         raise IncompatibleModelsError(f"feature draft {path.name}: " + "; ".join(problems))
     try:
@@ -137,6 +161,11 @@ def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDra
     if missing or unexpected:
         raise ModelLoadError(f"{path}: weights do not match the head ({missing or unexpected})")
     head = head.to(target.dtype)
+    if cfg.feature_layers:
+        try:
+            target.expose_layers(cfg.feature_layers)  # the head reads these target layers
+        except ValueError as exc:
+            raise IncompatibleModelsError(f"feature draft {path.name}: {exc}") from exc
     return FeatureDrafter(head, subset, name=f"feature:{path.name}")
 
 

@@ -13,8 +13,17 @@ Glossary:
 
 Drafting several tokens feeds ``f`` back where the target's ``h`` is not known yet
 (``f[t]`` stands in for ``h[t]`` at position t + 1), which is why training also regresses
-``f`` onto ``h``. The target's embedding and output rows are not parameters of the head:
-they are attached from the target at load time and never saved with it.
+``f`` onto ``h`` or, as EAGLE-3 does (Li et al. 2025), unrolls the head on its own outputs
+("training-time test", ``spectune.distill.models``).
+
+Multi-layer features (EAGLE-3): with ``feature_layers`` set, ``h[t]`` is not the last
+hidden state but ``fuse(concat(states of those target layers))``: the target exposes the
+concatenated states (``LlamaLM.expose_layers``) and ``target_input`` projects them to the
+head's width, so low and middle layers, which still carry what the next tokens will be,
+reach the head. Everything after the fusion is as above.
+
+The target's embedding and output rows are not parameters of the head: they are attached
+from the target at load time and never saved with it.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ class FeatureHeadConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     max_context: int = 2048
+    feature_layers: tuple[int, ...] = ()  # target layers fused into h; () = last state only
 
     def layer_config(self) -> LlamaConfig:
         return LlamaConfig(
@@ -58,13 +68,22 @@ class FeatureHeadConfig:
             max_context=self.max_context,
         )
 
+    @property
+    def state_size(self) -> int:
+        """Width of the target states the head reads: hidden size times the fused layers."""
+        return self.hidden_size * max(1, len(self.feature_layers))
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["feature_layers"] = list(self.feature_layers)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FeatureHeadConfig:
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        values["feature_layers"] = tuple(values.get("feature_layers", ()))
+        return cls(**values)
 
 
 class FeatureHead(nn.Module):
@@ -79,6 +98,9 @@ class FeatureHead(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.fuse = (
+            nn.Linear(cfg.state_size, cfg.hidden_size, bias=False) if cfg.feature_layers else None
+        )
         self.layer = Block(cfg.layer_config())
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # Frozen and not saved: they belong to the target.
@@ -105,6 +127,16 @@ class FeatureHead(nn.Module):
             device=self.fc.weight.device,
         )
 
+    def target_input(self, states: Tensor) -> Tensor:
+        """The target's exposed states [..., state_size] -> the head's h [..., hidden]."""
+        if states.shape[-1] != self.cfg.state_size:
+            raise ValueError(
+                f"the head reads target states of width {self.cfg.state_size}, got "
+                f"{states.shape[-1]} (feature layers {self.cfg.feature_layers or 'last'})"
+            )
+        states = states.to(self.fc.weight.dtype)
+        return states if self.fuse is None else self.fuse(states)
+
     def logits(self, features: Tensor) -> Tensor:
         """features: [..., hidden] -> [..., num_draft_tokens]."""
         output: Tensor = features @ self._buffer("output_weight").T
@@ -125,9 +157,7 @@ class FeatureHead(nn.Module):
         chunk is appended after the cache's current length (decoding); a token tree passes
         its positions and ancestor mask (``spectune.tree.tree_layout``), as for a model.
         """
-        embedded = nn.functional.embedding(tokens, self._buffer("embed_weight"))
-        x = torch.cat((embedded, prev_features), -1)
-        x = self.fc(x.to(self.fc.weight.dtype))
+        x = self._input(tokens, prev_features)
         batch, chunk = tokens.shape
         if cache is None:
             positions = torch.arange(chunk).expand(batch, chunk)
@@ -140,5 +170,28 @@ class FeatureHead(nn.Module):
             cos, sin = rotary_tables(rotary, self.cfg.head_dim, self.cfg.rope_theta)
             x = self.layer(x, cos, sin, cache, 0, slots, mask, used)
             cache.advance(chunk)
+        features: Tensor = self.norm(x)
+        return features
+
+    def _input(self, tokens: Tensor, prev_features: Tensor) -> Tensor:
+        """fc(concat(embed(token[t]), h[t - 1])): [batch, chunk] x [batch, chunk, hidden]."""
+        embedded = nn.functional.embedding(tokens, self._buffer("embed_weight"))
+        x = torch.cat((embedded, prev_features.to(embedded.dtype)), -1)
+        projected: Tensor = self.fc(x.to(self.fc.weight.dtype))
+        return projected
+
+    def forward_masked(
+        self,
+        tokens: Tensor,  # [batch, n]
+        prev_features: Tensor,  # [batch, n, hidden]
+        keys: Any,  # the unroll's key/value store (``write``/``view``), see distill.models
+        positions: Tensor,  # [batch, n] rotary positions
+        mask: Tensor,  # [batch, 1, n, keys held after this step] bool, True = may attend
+    ) -> Tensor:
+        """One training-time-test step over whole sequences: the chunk's keys join
+        ``keys`` and the queries see what ``mask`` allows. Returns f: [batch, n, hidden]."""
+        x = self._input(tokens, prev_features)
+        cos, sin = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        x = self.layer(x, cos, sin, keys, 0, positions, mask, 0)
         features: Tensor = self.norm(x)
         return features

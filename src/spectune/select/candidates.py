@@ -10,7 +10,6 @@ from spectune.drafters.base import Drafter
 from spectune.drafters.hybrid import HybridDrafter
 from spectune.drafters.loading import (
     feature_drafter_from_folder,
-    lm_drafter_from_folder,
     read_draft_meta,
 )
 from spectune.drafters.model import ModelDrafter
@@ -19,10 +18,11 @@ from spectune.errors import SpectuneError
 from spectune.models.loading import load_model, resolve_model_path
 from spectune.pairing import (
     Loaded,
-    compatibility_problems,
     draft_tokenizer,
     is_suffix_spec,
     load_drafter,
+    paired_model_drafter,
+    pairing_problems,
 )
 
 __all__ = ["Candidate", "SizeBand", "resolve_candidate", "size_band"]
@@ -67,20 +67,20 @@ class Candidate:
         return self.drafter is not None and not self.problems
 
 
-def _suffix_candidate(spec: str, target: Loaded) -> Candidate:
-    drafter = load_drafter(spec, target)
+def _suffix_candidate(spec: str, target: Loaded, trust_draft_vocab: bool) -> Candidate:
+    drafter = load_drafter(spec, target, trust_draft_vocab=trust_draft_vocab)
     inner = drafter.model if isinstance(drafter, HybridDrafter) else None
     # What a draft step computes with: the hybrid's draft model (a lookup: nothing).
     count = inner.model.info.num_parameters if isinstance(inner, ModelDrafter) else None
     return Candidate(spec, "suffix", drafter, count, ())
 
 
-def resolve_candidate(spec: str, target: Loaded) -> Candidate:
+def resolve_candidate(spec: str, target: Loaded, *, trust_draft_vocab: bool = False) -> Candidate:
     if spec == "ngram":
         return Candidate(spec, "ngram", NgramDrafter(), None, ())
     try:
         if is_suffix_spec(spec):
-            return _suffix_candidate(spec, target)
+            return _suffix_candidate(spec, target, trust_draft_vocab)
         path = resolve_model_path(spec)
         meta = read_draft_meta(path)
         if meta is not None and meta.kind == "feature":
@@ -92,19 +92,17 @@ def resolve_candidate(spec: str, target: Loaded) -> Candidate:
             )
             return Candidate(spec, "feature", drafter, params, ())
         model = load_model(path)
-        problems = compatibility_problems(
-            target.model.info, target.tokenizer, model.info, draft_tokenizer(path)
+        problems = pairing_problems(
+            model, draft_tokenizer(path), meta, target, trust_draft_vocab=trust_draft_vocab
         )
         if problems:
             return Candidate(spec, "model", None, model.info.num_parameters, tuple(problems))
-        if meta is not None:
-            return Candidate(
-                spec,
-                "distilled-lm",
-                lm_drafter_from_folder(path, model),
-                model.info.num_parameters,
-                (),
-            )
-        return Candidate(spec, "model", ModelDrafter(model), model.info.num_parameters, ())
+        return Candidate(
+            spec,
+            "model" if meta is None else "distilled-lm",
+            paired_model_drafter(path, model, meta, target.model),
+            model.info.num_parameters,
+            (),
+        )
     except SpectuneError as exc:
         return Candidate(spec, "unknown", None, None, (str(exc),))

@@ -38,6 +38,7 @@ class SelectSettings:
     max_k: int = 8
     extra_ks: tuple[int, ...] = ()  # also run these K, for the predicted-vs-measured plot
     confirm: bool = True
+    trust_draft_vocab: bool = False  # pair drafts without a tokenizer (spectune.pairing)
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,7 @@ def select(
     results: list[CandidateResult] = []
     for i, spec in enumerate(specs):
         progress("candidates", i, len(specs))
-        candidate = resolve_candidate(spec, target)
+        candidate = resolve_candidate(spec, target, trust_draft_vocab=settings.trust_draft_vocab)
         results.append(
             _evaluate(candidate, target, continuations, curve, settings, confirm_prompts, baseline)
         )

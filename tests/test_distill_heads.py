@@ -1,0 +1,248 @@
+"""EAGLE-3's two changes to the feature head: fused features from several target layers,
+and training-time test (the head unrolled on its own outputs). On the toy target and, for
+greedy equality, on the real one."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from spectune.cli import main
+from spectune.control.base import FixedK
+from spectune.distill.corpus import CorpusSettings, SeedData, build_shards
+from spectune.distill.data import DistillCorpus, GenerationSettings, corpus_from_token_ids
+from spectune.distill.losses import kl_to_target, soft_labels
+from spectune.distill.models import DraftArchitecture, FeatureDraftModel, unroll_mask
+from spectune.distill.pipeline import column_map, distill
+from spectune.distill.train import Budget, TrainSettings, iterate_batches
+from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.loading import feature_drafter_from_folder
+from spectune.engine import SpeculativeEngine
+from spectune.models.llama import LlamaLM
+from spectune.models.toy import toy_config, toy_model
+from spectune.sampling import SamplingParams
+from tree_checks import first_two_tokens_pvalue
+
+ALPHA = 1e-4  # false-failure probability of the chi-square test
+SETTINGS = TrainSettings(learning_rate=3e-3, warmup_steps=10, batch_tokens=512, eval_every=1000)
+
+
+def _corpus(target: LlamaLM, count: int = 72, seed: int = 0) -> DistillCorpus:
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 64, (6,), generator=generator).tolist() for _ in range(count)]
+    return corpus_from_token_ids(
+        target, prompts, GenerationSettings(max_new_tokens=24, batch_size=24, top_k=16)
+    )
+
+
+@pytest.fixture(scope="module")
+def fused_target() -> LlamaLM:
+    """The toy target exposing both of its layers (its own instance: exposing layers
+    changes what ``forward`` returns as ``hidden``), without EOS so every run is long."""
+    target = toy_model(0, config=dataclasses.replace(toy_config(), eos_token_ids=()), scale=3.0)
+    target.expose_layers((0, 1))
+    return target
+
+
+def test_unroll_mask_sees_the_real_prefix_and_the_drafts_own_slots() -> None:
+    mask = unroll_mask(5, 2)  # step 2: slot i drafts the third token after slot i - 2
+    # Slot 4: real-state slots 0..2 (step 0), its chain's slot 3 at step 1, itself at step 2.
+    assert mask[4].nonzero().flatten().tolist() == [0, 1, 2, 5 + 3, 10 + 4]
+    assert torch.equal(unroll_mask(4, 0), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_training_time_test_lowers_the_loss_at_later_draft_positions(
+    toy_target: LlamaLM, tmp_path: Path
+) -> None:
+    train, heldout = _corpus(toy_target), _corpus(toy_target, 16, seed=9)
+    trained: dict[int, FeatureDraftModel] = {}
+    for unroll in (1, 3):
+        arch = DraftArchitecture(kind="feature", intermediate_size=64, unroll=unroll)
+        torch.manual_seed(0)
+        distill(
+            toy_target,
+            (train, DistillCorpus([])),
+            arch,
+            tmp_path / f"unroll{unroll}",
+            vocab_size=None,
+            settings=SETTINGS,
+            budget=Budget(max_steps=150),
+            heldout_sequences=8,
+            training_record={},
+            heldout=heldout,
+        )
+        drafter = feature_drafter_from_folder(tmp_path / f"unroll{unroll}" / "draft", toy_target)
+        trained[unroll] = FeatureDraftModel(drafter.head, None, unroll=3)
+    columns = column_map(None, toy_target.info.vocab_size)
+
+    def loss_by_position(model: FeatureDraftModel) -> list[float]:
+        sums, counts = [0.0] * 3, [0] * 3
+        with torch.no_grad():
+            for batch in iterate_batches(heldout, SETTINGS, None):
+                out = model.train_forward(batch)
+                rows, cols = out.position_index
+                labels = soft_labels(
+                    batch.topk_ids[rows, cols], batch.topk_probs[rows, cols], columns
+                )
+                assert out.draft_position is not None
+                for p in range(3):
+                    keep = out.draft_position == p
+                    part = type(labels)(
+                        labels.columns[keep], labels.probs[keep], labels.target_top1[keep]
+                    )
+                    sums[p] += float(kl_to_target(out.logits[keep], part)) * int(keep.sum())
+                    counts[p] += int(keep.sum())
+        return [s / c for s, c in zip(sums, counts, strict=True)]
+
+    plain, unrolled = loss_by_position(trained[1]), loss_by_position(trained[3])
+    # Same data, same steps: the head trained on its own features is better there.
+    assert unrolled[1] < plain[1] and unrolled[2] < plain[2], (plain, unrolled)
+
+
+@pytest.fixture(scope="module")
+def fused_drafter(
+    fused_target: LlamaLM, tmp_path_factory: pytest.TempPathFactory
+) -> FeatureDrafter:
+    folder = tmp_path_factory.mktemp("fused-head")
+    distill(
+        fused_target,
+        (_corpus(fused_target), DistillCorpus([])),
+        DraftArchitecture(kind="feature", intermediate_size=64, feature_layers=(0, 1), unroll=2),
+        folder,
+        vocab_size=48,
+        settings=SETTINGS,
+        budget=Budget(max_steps=150),
+        heldout_sequences=8,
+        training_record={},
+    )
+    return feature_drafter_from_folder(folder / "draft", fused_target)
+
+
+def test_fused_head_reads_the_exposed_layers(
+    fused_target: LlamaLM, fused_drafter: FeatureDrafter
+) -> None:
+    assert fused_drafter.head.cfg.feature_layers == (0, 1)
+    out = fused_target.forward(torch.tensor([[1, 5, 9]]), fused_target.new_cache(1, 8))
+    assert out.hidden is not None and out.hidden.shape[-1] == 2 * 32
+    with pytest.raises(ValueError, match="width"):
+        fused_drafter.head.target_input(torch.zeros(3, 32))  # the last state alone
+
+
+def test_fused_head_keeps_greedy_output_and_drafts_well(
+    fused_target: LlamaLM, fused_drafter: FeatureDrafter
+) -> None:
+    params = SamplingParams(max_tokens=32)
+    accepted = drafted = 0
+    for seed in range(4):
+        prompt = torch.randint(3, 64, (6,), generator=torch.Generator().manual_seed(100 + seed))
+        plain = SpeculativeEngine(fused_target).run(prompt.tolist(), params, policy=FixedK(0))
+        drafter = FeatureDrafter(fused_drafter.head, fused_drafter.vocab_subset)
+        run = SpeculativeEngine(fused_target, drafter).run(
+            prompt.tolist(), params, policy=FixedK(3)
+        )
+        assert run.tokens == plain.tokens
+        accepted += run.accepted
+        drafted += run.drafted
+    # It learned something: an untrained head over 48 tokens is accepted about 1 in 48 times.
+    assert accepted / drafted > 0.15
+
+
+@pytest.mark.slow
+def test_fused_head_speculation_emits_the_target_distribution(
+    fused_target: LlamaLM, fused_drafter: FeatureDrafter
+) -> None:
+    """First two tokens at T = 1, 4,000 runs, chi-square against the target's exact joint
+    distribution; fixed seeds, false-failure probability 1e-4."""
+    drafter = FeatureDrafter(fused_drafter.head, fused_drafter.vocab_subset)
+    pvalue, accepted = first_two_tokens_pvalue(fused_target, drafter, runs=4_000, seed=31)
+    assert accepted > 500  # the head's drafts were verified, not bypassed
+    assert pvalue > ALPHA, pvalue
+
+
+@pytest.mark.slow
+def test_fused_head_on_the_real_target_keeps_greedy_output(smollm2) -> None:  # type: ignore[no-untyped-def]
+    """An untrained three-layer head on SmolLM2: speculation must not change a token."""
+    model: LlamaLM = smollm2.model
+    arch = DraftArchitecture(kind="feature", intermediate_size=256, feature_layers=(2, 15, 29))
+    head = FeatureDraftModel.create(arch, model.net, None, torch.Generator().manual_seed(0)).head
+    prompt = smollm2.tokenizer.encode_chat([{"role": "user", "content": "Name three colours."}])
+    params = SamplingParams(max_tokens=24)
+    plain = SpeculativeEngine(model).run(prompt, params, policy=FixedK(0)).tokens
+    model.expose_layers((2, 15, 29))
+    try:
+        drafter = FeatureDrafter(head.eval(), None)
+        run = SpeculativeEngine(model, drafter).run(prompt, params, policy=FixedK(3))
+    finally:
+        model.expose_layers(())  # the fixture is shared
+    assert run.tokens == plain
+    assert all(step.fallback is None for step in run.steps)
+
+
+def test_distill_command_trains_a_fused_head_on_an_answer_corpus_and_it_loads(
+    tmp_path: Path,
+) -> None:
+    from bench_fixtures import make_models
+    from spectune.pairing import load_drafter, load_target
+
+    target_dir, _ = make_models(tmp_path)
+    target = load_target(str(target_dir))
+    answers = tmp_path / "answers"
+    build_shards(
+        target.model,
+        target.tokenizer,
+        SeedData(),
+        answers,
+        range(3),
+        CorpusSettings(
+            items_per_shard=24,
+            max_answer_tokens=12,
+            max_document_tokens=8,
+            max_turn_tokens=6,
+            max_batch=8,
+        ),
+    )
+    out = tmp_path / "run"
+    status = main(
+        [
+            "distill",
+            "--target",
+            str(target_dir),
+            "--answers",
+            str(answers),
+            "--kind",
+            "feature",
+            "--feature-layers",
+            "0,1",
+            "--unroll",
+            "2",
+            "--ffn",
+            "64",
+            "--steps",
+            "20",
+            "--eval-every",
+            "10",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(out),
+        ]
+    )
+    assert status == 0
+    fresh = load_target(str(target_dir))
+    drafter = load_drafter(str(out / "draft"), fresh)
+    assert isinstance(drafter, FeatureDrafter)
+    assert drafter.head.cfg.feature_layers == (0, 1)
+    assert fresh.model.feature_layers == (0, 1)  # loading wired the target's layers
+    prompt = fresh.tokenizer.encode_chat([{"role": "user", "content": "w5 w6 w7"}])
+    params = SamplingParams(max_tokens=16)
+    plain = SpeculativeEngine(fresh.model).run(prompt, params, policy=FixedK(0)).tokens
+    assert SpeculativeEngine(fresh.model, drafter).run(prompt, params).tokens == plain
+
+
+def test_distill_refuses_both_or_neither_corpus(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["distill", "--out", "x", "--steps", "1"])
+    assert status == 2
+    assert "either --corpus" in capsys.readouterr().err
