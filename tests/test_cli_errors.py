@@ -1,4 +1,6 @@
-"""Bad input on the command line: one clear line on stderr, exit status 2, no traceback."""
+"""Bad input on the command line that needs the real default model: one clear line on
+stderr, exit status 2, no traceback. The table of every other bad input, for every
+command and endpoint, is ``test_bad_input.py``."""
 
 from __future__ import annotations
 
@@ -15,55 +17,6 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     status = main(args)
     err = capsys.readouterr().err
     return status, err
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--k", "0"], "K (draft tokens per step) must be in [1, 32]"),
-        (["--k", "500"], "K (draft tokens per step) must be in [1, 32]"),
-        (["--temperature", "-1"], "temperature must be >= 0"),
-        (["--top-p", "0"], "top_p must be in (0, 1]"),
-        (["--top-p", "1.5"], "top_p must be in (0, 1]"),
-        (["--max-tokens", "0"], "max_tokens must be >= 1"),
-        (["--target", "/nonexistent/model.gguf"], "model not found: /nonexistent/model.gguf"),
-    ],
-)
-def test_parameter_errors(
-    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    status, err = run_cli(["generate", "hello", *args], capsys)
-    assert status == 2
-    assert message in err
-    assert "Traceback" not in err
-    assert err.count("\n") == 1
-
-
-def test_corrupt_gguf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bad = tmp_path / "broken.gguf"
-    bad.write_bytes(b"GGUF" + b"\x00garbage" * 10)
-    status, err = run_cli(["generate", "hello", "--target", str(bad)], capsys)
-    assert status == 2
-    assert "cannot read GGUF file" in err
-
-
-def test_folder_without_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    folder = tmp_path / "model"
-    save_native(toy_model(0), folder)
-    (folder / "model.safetensors").unlink()
-    status, err = run_cli(["generate", "hello", "--target", str(folder)], capsys)
-    assert status == 2
-    assert "no .safetensors weights" in err
-
-
-def test_truncated_safetensors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    folder = tmp_path / "model"
-    save_native(toy_model(0), folder)
-    weights = folder / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:100])
-    status, err = run_cli(["generate", "hello", "--target", str(folder)], capsys)
-    assert status == 2
-    assert "cannot read" in err
 
 
 @pytest.mark.slow

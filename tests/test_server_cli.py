@@ -1,16 +1,17 @@
-"""``spectune serve`` wiring, in-process: the models are toys and uvicorn.run is captured,
-then the app it would have served answers a real client on a loopback port."""
+"""``spectune serve`` wiring, in-process: the models are toys, the address it would listen
+on and the app it would serve are captured, then that app answers a real client on a
+loopback port."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-import uvicorn
 
-from spectune.cli import main
+from spectune.cli import common, main, serve
 from spectune.models.llama import LlamaLM
 from spectune.pairing import Loaded
 from spectune.server.testing import running_server, toy_tokenizer
@@ -20,15 +21,21 @@ from spectune.server.testing import running_server, toy_tokenizer
 def captured(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, toy_target: LlamaLM
 ) -> dict[str, Any]:
-    import spectune.cli.common as common
 
     tokenizer = toy_tokenizer(tmp_path / "tok")
     weights = tmp_path / "toy.gguf"
     weights.touch()  # never read: load_target is replaced below
     loaded = Loaded(toy_target, tokenizer, weights)
     calls: dict[str, Any] = {}
+    real_listen = serve.listen
+
+    def listen(host: str, port: int) -> socket.socket:
+        calls.update(host=host, port=port)
+        return real_listen("127.0.0.1", 0)  # checked as given, bound where tests may
+
     monkeypatch.setattr(common, "load_target", lambda ref, **kw: loaded)
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.update(app=app, **kw))
+    monkeypatch.setattr(serve, "listen", listen)
+    monkeypatch.setattr(serve, "serve_on", lambda app, sock, **kw: calls.update(app=app))
     monkeypatch.delenv("SPECTUNE_API_KEY", raising=False)
     return calls
 

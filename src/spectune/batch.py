@@ -6,7 +6,8 @@ sequence by one speculative step:
 1. K per sequence from its own policy (0 above ``speculate_max_batch`` active sequences,
    where speculation stops paying, and for sequences whose drafter failed).
 2. Draft: one draft pass per draft step over the batch (``spectune.batch_draft``; a
-   feature head: ``spectune.batch_feature_draft``).
+   feature head: ``spectune.batch_feature_draft``). With a ``draft_deadline``, a pass
+   that takes longer is abandoned and the step decodes plainly (below).
 3. One target pass over ``[batch, 1 + max K]``: row b is ``[pending_b, draft_b..., pad]``.
 4. Per sequence: verify (``engine.verify_draft``), roll back its row to what it kept,
    stop (``engine.cut_at_stops``), tell its drafter and policy.
@@ -27,6 +28,14 @@ same K, the same draft tokens, the same verification, the same random numbers fr
 own generator in the same order. The only difference is floating point: a batched matmul
 may round differently from a single-row one, which can flip a greedy near-tie.
 Step times in the records are the batch's (every sequence of a step shares them).
+
+Draft deadline: a drafter that hangs must not stall the batch. With ``draft_deadline``
+seconds set, the draft pass runs in a worker thread (``spectune.deadline``); past the
+deadline the step goes on without drafts. The late pass may still be running inside the
+drafter, so the drafter is not touched again until it returns: every sequence in the
+batch then decodes plainly to its end (fallback ``draft_deadline``, as for a drafter
+that raised), and so do sequences that join while the late pass runs; sequences that
+join after it returned draft again. Plain decoding is exact, so no output changes.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from spectune.batch_draft import (
 from spectune.batch_feature_draft import BatchFeatureDrafter
 from spectune.control.base import FixedK, KPolicy
 from spectune.crossover import load_crossover
+from spectune.deadline import DeadlineCall, DeadlineExceeded
 from spectune.drafters.base import Draft, Drafter, TargetFeatures
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.ngram import NgramDrafter
@@ -71,6 +81,7 @@ from spectune.tree import chain_parents, keep_path, tree_layout
 __all__ = ["BatchEngine", "SequenceUpdate"]
 
 SLACK = CHUNK_SLACK  # slots a row may be written past its length (chunk and padding)
+DRAFT_DEADLINE = "draft_deadline"  # the fallback kind of a draft pass past its deadline
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,8 @@ class BatchEngine:
     every size if there is none.
     ``policy_factory`` makes each request's K policy (default: ``FixedK(4)`` with a
     draft, ``FixedK(0)`` without).
+    ``draft_deadline``: seconds a draft pass may take before the step goes on without it
+    (None: no deadline; see the module docstring).
     """
 
     def __init__(
@@ -144,6 +157,7 @@ class BatchEngine:
         capacity: int = 2048,
         speculate_max_batch: int | None = None,
         policy_factory: Callable[[SamplingParams], KPolicy] | None = None,
+        draft_deadline: float | None = None,
     ) -> None:
         if not isinstance(max_batch, int) or max_batch < 1:
             raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
@@ -166,6 +180,11 @@ class BatchEngine:
             raise InvalidParameterError("the target's context is too short to batch")
         self.policy_factory = policy_factory
         self.drafter = self._make_drafter(draft)
+        self.draft_deadline = (
+            None
+            if draft_deadline is None or self.drafter is None
+            else DeadlineCall(draft_deadline, name="spectune-draft")
+        )
         if speculate_max_batch is None and self.drafter is not None:
             # None: never measured for this target and draft
             speculate_max_batch = load_crossover(target.info, self.drafter.name)
@@ -241,7 +260,9 @@ class BatchEngine:
             out = forward_row(self.target, self.cache, row, torch.tensor([prompt[:-1]]))
             if out.hidden is not None:
                 features = TargetFeatures(0, out.hidden[0])
-        if self.drafter is not None:
+        if self._drafter_late():
+            seq.drafter_failure = f"{DRAFT_DEADLINE}: the drafter is still in a late pass"
+        elif self.drafter is not None:
             try:
                 self.drafter.add(row, prompt, features)
             except Exception as exc:  # a drafter that cannot start: decode this one plainly
@@ -263,14 +284,32 @@ class BatchEngine:
             moved = self._rows[last]
             if isinstance(self.cache, StaticKVCache):
                 self.cache.copy_row(last, seq.row)
-            if self.drafter is not None:
+            if self.drafter is not None and not self._drafter_late():
                 self.drafter.move(last, seq.row)
             moved.row = seq.row
             self._rows[seq.row] = moved
         self._rows.pop()
         self.cache.truncate(0, last)
-        if self.drafter is not None:
+        if self.drafter is not None and not self._drafter_late():
             self.drafter.free(last)
+
+    def _drafter_late(self) -> bool:
+        """A draft pass past its deadline is still running: leave the drafter alone."""
+        return self.draft_deadline is not None and self.draft_deadline.busy
+
+    def _propose(
+        self, drafter: BatchDrafter, requests: list[DraftRequest], num_rows: int
+    ) -> list[Draft | str]:
+        if self.draft_deadline is None:
+            return drafter.propose(requests, num_rows)
+        # The worker thread gets this thread's autograd modes (they are per thread).
+        inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+        def propose() -> list[Draft | str]:
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                return drafter.propose(requests, num_rows)
+
+        return self.draft_deadline.run(propose)
 
     def step(self) -> list[SequenceUpdate]:
         """One batched step over every active sequence; finished ones leave the batch."""
@@ -309,7 +348,14 @@ class BatchEngine:
         if requests and self.drafter is not None:
             draft_start = time.perf_counter()
             try:
-                proposed = self.drafter.propose(requests, num_rows)
+                proposed = self._propose(self.drafter, requests, num_rows)
+            except DeadlineExceeded as exc:
+                # Every sequence decodes plainly from now on: the late pass may still be
+                # changing the drafter's state of any row.
+                reason = f"{DRAFT_DEADLINE}: {exc}; no drafts for this request"
+                for seq in seqs:
+                    seq.drafter_failure = seq.drafter_failure or reason
+                proposed = [reason] * len(requests)
             except Exception as exc:  # the whole pass failed: its sequences decode plainly
                 proposed = [f"drafter_error: {exc}".splitlines()[0][:200]] * len(requests)
             for req, proposal in zip(requests, proposed, strict=True):

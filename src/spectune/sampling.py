@@ -15,6 +15,8 @@ from spectune.errors import InvalidParameterError
 
 __all__ = ["SamplingParams", "greedy_tokens", "process_logits", "sample_from"]
 
+MAX_SEED = 2**63 - 1  # the largest seed a torch.Generator takes
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -40,6 +42,9 @@ class SamplingParams:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if any(not s for s in self.stop):
             raise InvalidParameterError("stop strings must be non-empty")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            # torch.Generator takes 64-bit seeds; larger ones fail deep inside it.
+            raise InvalidParameterError(f"seed must be in [0, 2**63 - 1], got {self.seed}")
 
     @property
     def greedy(self) -> bool:

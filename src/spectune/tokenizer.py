@@ -1,16 +1,32 @@
-"""Text <-> tokens, chat templates and incremental detokenization (transformers' tokenizers)."""
+"""Text <-> tokens, chat templates and incremental detokenization (transformers' tokenizers).
+
+Special-token policy: text a user supplies never becomes a special token. A raw prompt is
+tokenized with special-token parsing off (``<|im_end|>`` in it is plain text) unless the
+caller opts in with ``allow_special_tokens=True`` (the CLI's ``--allow-special-tokens``,
+the server's ``spectune.allow_special_tokens``). A chat is rendered by the model's template
+with a placeholder in every user-supplied field (message content, names); the template's
+own text is split at its special tokens (``<|im_start|>``, ``<|im_end|>``, BOS ...), and
+each run of ordinary text between them, template and user text together, is tokenized with
+parsing off. Without special-token text in the messages this gives exactly the ids of the
+plain template rendering (tested over the shipped prompt set), since that is how a tokenizer
+treats the text between its special tokens anyway; with it, the forged markers become the
+ordinary tokens of their characters.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from spectune.cache_dir import derived_path
 from spectune.errors import ModelLoadError, PromptError
 
-__all__ = ["IncrementalDecoder", "Tokenizer", "load_tokenizer"]
+__all__ = ["IncrementalDecoder", "Tokenizer", "check_text", "load_tokenizer"]
 
 
 class Tokenizer:
@@ -39,19 +55,109 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, allow_special_tokens: bool = False) -> list[int]:
+        """A raw prompt's ids (with the tokenizer's BOS, if it adds one).
+
+        Special-token text in ``text`` stays plain text unless ``allow_special_tokens``.
+        """
         if not text:
             raise PromptError("the prompt is empty")
-        return [int(t) for t in self.hf.encode(text, add_special_tokens=True)]
+        check_text(text, "the prompt")
+        ids = self.hf.encode(
+            text, add_special_tokens=True, split_special_tokens=not allow_special_tokens
+        )
+        return [int(t) for t in ids]
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Apply the model's chat template (with the generation prompt) and tokenize."""
+        """Apply the model's chat template (with the generation prompt) and tokenize.
+
+        Only the template's own markers become special tokens; every message field but
+        ``role`` is user text (see the module docstring). Roles are checked, not escaped:
+        templates branch on them.
+        """
         if not messages or not any(m.get("content") for m in messages):
             raise PromptError("the chat has no message content")
         if not self.has_chat_template:
             raise PromptError("this model's tokenizer has no chat template; pass a plain prompt")
-        text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return [int(t) for t in self.hf.encode(text, add_special_tokens=False)]
+        specials = self._special_pattern()
+        user_texts: list[str] = []
+        templated: list[dict[str, str]] = []  # the messages with placeholders for user text
+        slot = f"\ue000{uuid.uuid4().hex}:"  # private-use characters: no template adds them
+        for message in messages:
+            placeholders = {}
+            for key, value in message.items():
+                check_text(value, f"message {key}")
+                if key == "role":
+                    if specials.search(value):
+                        raise PromptError(f"the role {value!r} holds special-token text")
+                    placeholders[key] = value
+                else:
+                    placeholders[key] = f"{slot}{len(user_texts)}\ue001"
+                    user_texts.append(value)
+            templated.append(placeholders)
+        rendered = self._render(templated)
+        pieces = list(_spliced(rendered, slot, user_texts))
+        if "".join(text for text, _ in pieces) != self._render(messages):
+            # The template rewrites user text (trims it, cuts it...), so the placeholders
+            # do not show where user text ends up; refuse only what could forge a marker.
+            if any(specials.search(text) for text in user_texts):
+                raise PromptError(
+                    "a message holds special-token text, and this model's chat template "
+                    "rewrites messages, so it cannot be kept as plain text"
+                )
+            return self._plain_ids(self._render(messages))
+        ids: list[int] = []
+        plain: list[str] = []  # ordinary text since the last special token
+        for text, trusted in pieces:
+            if not trusted:
+                plain.append(text)
+                continue
+            last = 0
+            for match in specials.finditer(text):
+                plain.append(text[last : match.start()])
+                ids += self._plain_ids("".join(plain))
+                plain = []
+                ids.append(int(self.hf.convert_tokens_to_ids(match.group())))
+                last = match.end()
+            plain.append(text[last:])
+        return ids + self._plain_ids("".join(plain))
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        return str(
+            self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        )
+
+    def _plain_ids(self, text: str) -> list[int]:
+        """Ids of text between special tokens, with special-token parsing off."""
+        if not text:
+            return []
+        ids = [
+            int(t)
+            for t in self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+        ]
+        # A vocabulary may also hold a special token's text as an ordinary word (word-level
+        # models do): parsing off is then not enough, and the text is refused.
+        forged = set(ids) & self._special_ids()
+        if forged:
+            names = ", ".join(sorted(repr(self.hf.convert_ids_to_tokens(t)) for t in forged))
+            raise PromptError(f"message text spells special tokens ({names}) in this vocabulary")
+        return ids
+
+    def _special_ids(self) -> set[int]:
+        """Special tokens' ids, but for the unknown token (ordinary text may map to it)."""
+        decoder = getattr(self.hf, "added_tokens_decoder", {})
+        added = {int(i) for i, t in decoder.items() if getattr(t, "special", False)}
+        return (added | {int(t) for t in self.hf.all_special_ids}) - {self.hf.unk_token_id}
+
+    def _special_pattern(self) -> re.Pattern[str]:
+        """Matches any special token's text, longest first (as the tokenizer matches)."""
+        tokens = sorted({str(t) for t in self.hf.all_special_tokens} | self._added_specials())
+        tokens.sort(key=len, reverse=True)
+        return re.compile("|".join(re.escape(t) for t in tokens if t) or "(?!)")
+
+    def _added_specials(self) -> set[str]:
+        decoder = getattr(self.hf, "added_tokens_decoder", {})
+        return {str(t.content) for t in decoder.values() if getattr(t, "special", False)}
 
     def decode(self, tokens: list[int]) -> str:
         return str(self.hf.decode(tokens, skip_special_tokens=True))
@@ -63,6 +169,29 @@ class Tokenizer:
         for text, idx in vocab.items():
             strings[idx] = text
         return strings
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse text that is not valid Unicode (a lone surrogate, e.g. from undecodable bytes
+    on a command line), which tokenizers reject with a bare ``TypeError``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(
+            f"{what} is not valid UTF-8 text (character {exc.start}: {text[exc.start]!r})"
+        ) from None
+
+
+def _spliced(rendered: str, slot: str, user_texts: list[str]) -> Iterator[tuple[str, bool]]:
+    """The rendering with each placeholder replaced by its user text, as ``(text,
+    trusted)`` pieces: template text is trusted, user text is not."""
+    pattern = re.compile(re.escape(slot) + "([0-9]+)\ue001")
+    last = 0
+    for match in pattern.finditer(rendered):
+        yield rendered[last : match.start()], True
+        yield user_texts[int(match.group(1))], False
+        last = match.end()
+    yield rendered[last:], True
 
 
 class IncrementalDecoder:

@@ -7,13 +7,16 @@ category (down to one each); the estimate is printed before anything is timed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spectune.control.registry import POLICIES
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.prompts import load_prompts
+from spectune.sampling import MAX_SEED
 from spectune.tokenizer import Tokenizer
 
 __all__ = [
@@ -67,8 +70,17 @@ class BenchConfig:
             raise InvalidParameterError("temperatures must be >= 0")
         for shape in self.trees:
             parse_tree_shape(shape)
-        if self.budget_minutes is not None and self.budget_minutes <= 0:
-            raise InvalidParameterError("--budget-minutes must be positive")
+        if self.budget_minutes is not None and not 0 < self.budget_minutes < math.inf:
+            raise InvalidParameterError("--budget-minutes must be a positive number")
+        unknown = sorted(set(self.policies) - set(POLICIES))
+        if unknown:
+            raise InvalidParameterError(
+                f"unknown policies {unknown}; choose from {', '.join(POLICIES)}"
+            )
+        if self.prompt_lookup_tokens < 1:
+            raise InvalidParameterError("--prompt-lookup-tokens must be at least 1")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise InvalidParameterError(f"--seed must be in [0, 2**63 - 1], got {self.seed}")
 
     def runs(self, key: str) -> bool:
         return key in self.systems

@@ -12,7 +12,7 @@ import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from spectune.cli import (
     bench,
@@ -34,10 +34,20 @@ __all__ = ["main"]
 COMMANDS = (generate, report, bench, corpus, distill, select, experiment, serve, export, suffix)
 
 
+class UsageError(SpectuneError):
+    """The command line does not parse (an unknown option, a value of the wrong type)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``spectune: error: ...``, exit status 2)
+    like every other error, instead of the usage text and a ``SystemExit``."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="spectune", description="Lossless speculative decoding with live tuning."
-    )
+    parser = _Parser(prog="spectune", description="Lossless speculative decoding with live tuning.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.register(subparsers)
@@ -46,10 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    # The command line as typed, for results files that name the command behind a figure.
-    args.command_line = "spectune " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
+        args = parser.parse_args(argv)
+        # The command line as typed, for results files that name the command behind a figure.
+        args.command_line = "spectune " + shlex.join(sys.argv[1:] if argv is None else argv)
         with _one_line_warnings():
             status: int = args.run(args)
     except SpectuneError as exc:

@@ -148,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
     from spectune.bench.session import run_session
 
     config = config_from_args(args)
+    if args.out.exists() and not args.out.is_dir():
+        raise InvalidParameterError(f"--out {args.out} is a file; the results need a folder")
     if args.threads is not None:
         if args.threads < 1:
             raise InvalidParameterError("--threads must be at least 1")

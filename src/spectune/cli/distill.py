@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -158,19 +159,21 @@ def _progress() -> Any:
 def run(args: argparse.Namespace) -> int:
     if not (args.steps or args.tokens or args.minutes):
         raise InvalidParameterError("give a budget: --steps, --tokens and/or --minutes")
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidParameterError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     if bool(args.corpus) == (args.answers is not None):
         raise InvalidParameterError("give either --corpus files or an --answers corpus folder")
-    if args.unroll < 1:
-        raise InvalidParameterError(f"--unroll must be >= 1, got {args.unroll}")
-    target = load_target(args.target)
-    if not isinstance(target.model, LlamaLM):
-        raise InvalidParameterError("distillation needs a target on the native runtime")
-    num_layers = target.model.net.cfg.num_layers
-    feature_layers = _feature_layers(args.feature_layers, num_layers)
-    if feature_layers and args.kind != "feature":
+    if args.feature_layers and args.kind != "feature":
         raise InvalidParameterError("--feature-layers is for --kind feature")
+    if args.heldout < 1:
+        raise InvalidParameterError("--heldout must be >= 1")
+    if args.vocab_size is not None and args.vocab_size < 1:
+        raise InvalidParameterError("--vocab-size must be >= 1")
+    if args.out.exists() and not args.out.is_dir():
+        raise InvalidParameterError(f"--out {args.out} is a file; the draft needs a folder")
+    # Every setting is checked (by its dataclass) before the target loads.
     plan = CorpusPlan(
         paths=tuple(args.corpus),
         cache_dir=args.cache_dir,
@@ -187,7 +190,6 @@ def run(args: argparse.Namespace) -> int:
         num_heads=args.heads,
         num_kv_heads=args.kv_heads,
         intermediate_size=args.ffn,
-        feature_layers=feature_layers,
         unroll=args.unroll,
     )
     settings = TrainSettings(
@@ -197,6 +199,11 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     budget = Budget(max_steps=args.steps, max_tokens=args.tokens, max_minutes=args.minutes)
+    target = load_target(args.target)
+    if not isinstance(target.model, LlamaLM):
+        raise InvalidParameterError("distillation needs a target on the native runtime")
+    feature_layers = _feature_layers(args.feature_layers, target.model.net.cfg.num_layers)
+    arch = dataclasses.replace(arch, feature_layers=feature_layers)
     with _progress() as progress:
         tasks: dict[str, Any] = {}
 

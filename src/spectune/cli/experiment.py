@@ -87,6 +87,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.per_category < 1:
         raise InvalidParameterError("--per-category must be >= 1")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise InvalidParameterError("--max-tokens must be >= 1")
     if args.which == "batch" and args.repeats < 1:
         raise InvalidParameterError("--repeats must be >= 1")
     if args.threads is not None:

@@ -21,13 +21,14 @@ from spectune.control.registry import build_policy
 from spectune.drafters.base import Drafter
 from spectune.drafters.tree import TreeGrower, TreeShape
 from spectune.engine import Generation, SpeculativeEngine
+from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.trace import TraceWriter
 from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
 from spectune.textgen import stream_text
-from spectune.tokenizer import Tokenizer
+from spectune.tokenizer import Tokenizer, check_text
 
 __all__ = ["register"]
 
@@ -37,6 +38,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("prompt", nargs="?", help="raw prompt text (no chat template)")
     parser.add_argument("--chat", help="a user message, sent through the model's chat template")
     parser.add_argument("--system", help="system message for --chat")
+    parser.add_argument(
+        "--allow-special-tokens",
+        action="store_true",
+        help="parse special-token text (e.g. '<|im_end|>') in a raw prompt into special "
+        "tokens; without it, and always for --chat/--system, such text stays plain text",
+    )
     add_model_args(parser)
     add_sampling_args(parser)
     add_policy_args(parser)
@@ -65,7 +72,7 @@ def prompt_tokens(args: argparse.Namespace, tokenizer: Tokenizer) -> list[int]:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.chat})
         return tokenizer.encode_chat(messages)
-    return tokenizer.encode(args.prompt or "")
+    return tokenizer.encode(args.prompt or "", allow_special_tokens=args.allow_special_tokens)
 
 
 def summary(gen: Generation, watch: RequestMonitor | None = None) -> dict[str, Any]:
@@ -123,7 +130,33 @@ def tree_drafter(
     return tree_drafter_for(drafter, target, shape)
 
 
+def check_prompt_args(args: argparse.Namespace) -> None:
+    """Refuse combinations that would silently ignore part of the command line."""
+    if args.chat is not None and args.prompt is not None:
+        raise InvalidParameterError("give a raw prompt or --chat, not both")
+    if args.chat is None and args.system is not None:
+        raise InvalidParameterError("--system needs --chat")
+    if args.chat is not None and args.allow_special_tokens:
+        raise InvalidParameterError(
+            "--allow-special-tokens applies to raw prompts; --chat text is always plain text"
+        )
+    if args.tree_min_prob != 0.0 and args.tree_width is None and args.tree_nodes is None:
+        raise InvalidParameterError("--tree-min-prob needs a tree (--tree-width or --tree-nodes)")
+    if not (args.chat or args.prompt):
+        raise PromptError("the prompt is empty (give a prompt or --chat TEXT)")
+    # Undecodable bytes on the command line arrive as lone surrogates: refuse them before
+    # the models load.
+    for name, text in (
+        ("the prompt", args.prompt),
+        ("--chat", args.chat),
+        ("--system", args.system),
+    ):
+        if text is not None:
+            check_text(text, name)
+
+
 def run(args: argparse.Namespace) -> int:
+    check_prompt_args(args)
     spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
     policy = build_policy(spec, params=params)  # checks the options before loading models

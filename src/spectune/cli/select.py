@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.errors import InvalidParameterError
+from spectune.models.loading import resolve_model_path
 from spectune.pairing import load_target
 from spectune.prompts import load_prompts
 from spectune.select.report import render_notes, render_table, write_report
@@ -58,13 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.per_category < 1:
         raise InvalidParameterError("--per-category must be at least 1")
-    target = load_target(args.target)
-    chosen = load_prompts(
-        args.prompts,
-        split=None if args.split == "all" else args.split,
-        limit_per_category=args.per_category,
-    )
-    prompts = [(p.id, p.category, p.tokens(target.tokenizer)) for p in chosen]
+    # Settings are checked before minutes of loading.
+    if args.report_dir.exists() and not args.report_dir.is_dir():
+        raise InvalidParameterError(f"--report-dir {args.report_dir} is a file")
     settings = SelectSettings(
         continuation_tokens=args.continuation_tokens,
         confirm_prompts=args.confirm_prompts,
@@ -74,6 +71,16 @@ def run(args: argparse.Namespace) -> int:
         confirm=not args.no_confirm,
         trust_draft_vocab=args.trust_draft_vocab,
     )
+    for spec in args.candidates:  # a missing file is a typo: fail before the loading
+        if spec != "ngram":
+            resolve_model_path(spec)
+    target = load_target(args.target)
+    chosen = load_prompts(
+        args.prompts,
+        split=None if args.split == "all" else args.split,
+        limit_per_category=args.per_category,
+    )
+    prompts = [(p.id, p.category, p.tokens(target.tokenizer)) for p in chosen]
     # Piped output gets rich's 80 columns, too narrow for the table: widen it there.
     console = Console() if sys.stdout.isatty() else Console(width=160)
     with Progress(

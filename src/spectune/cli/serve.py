@@ -10,12 +10,22 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spectune.cli.common import add_model_args, load_models, print_warning, startup_line
+import torch
+
+from spectune.cli.common import (
+    add_model_args,
+    load_models,
+    parse_dtype,
+    print_warning,
+    startup_line,
+)
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
+from spectune.control.config import PolicySpec
 from spectune.control.registry import build_policy
 from spectune.drafters.suffix_index import HistoryStore
 from spectune.errors import InvalidParameterError
@@ -23,7 +33,17 @@ from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
 from spectune.pairing import with_history
 from spectune.sampling import SamplingParams
-from spectune.server.engines import ENGINES, DraftSource, EngineSettings, build_engine
+from spectune.server.engines import (
+    DEFAULT_DRAFT_DEADLINE,
+    ENGINES,
+    DraftSource,
+    EngineSettings,
+    build_engine,
+)
+from spectune.server.run import listen, serve_on
+
+if TYPE_CHECKING:
+    from spectune.server import Limits
 
 __all__ = ["register"]
 
@@ -52,6 +72,13 @@ def register(subparsers: Any) -> None:
         type=int,
         default=None,
         help="no speculation while more requests than this run (measure it with the bench)",
+    )
+    parser.add_argument(
+        "--draft-deadline",
+        type=float,
+        default=DEFAULT_DRAFT_DEADLINE,
+        help="seconds a draft pass may take before the batch steps on without drafts "
+        f"(a hung drafter; 0 = no deadline; default {DEFAULT_DRAFT_DEADLINE:g})",
     )
     parser.add_argument(
         "--suffix-history-tokens",
@@ -85,18 +112,15 @@ def _is_loopback(host: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    from spectune.server import Limits
 
-    from spectune.server import Limits, ServedModel, Service, create_app
-    from spectune.server.metrics import ServerMetrics
-
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise InvalidParameterError("--served-model-name must not be empty")
     spec = policy_spec_from_args(args)
     build_policy(spec)  # checks the options before loading models
     if args.threads is not None:
         if args.threads < 1:
             raise InvalidParameterError("--threads must be >= 1")
-        import torch
-
         torch.set_num_threads(args.threads)
     try:
         limits = Limits(
@@ -113,7 +137,27 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         capacity=args.capacity,
         speculate_max_batch=args.speculate_max_batch,
+        draft_deadline=args.draft_deadline or None,
     )
+    parse_dtype(args.dtype)  # a bad --dtype is refused before the port is bound
+    sock = listen(args.host, args.port)
+    with sock:
+        return _serve(args, spec, limits, settings, sock)
+
+
+def _serve(
+    args: argparse.Namespace,
+    spec: PolicySpec,
+    limits: Limits,
+    settings: EngineSettings,
+    sock: socket.socket,
+) -> int:
+    """Load the models and serve on ``sock`` until stopped (SIGINT or SIGTERM)."""
+    from spectune.server import ServedModel, Service, create_app
+    from spectune.server.metrics import ServerMetrics
+
+    if args.suffix_history_tokens < 0:
+        raise InvalidParameterError("--suffix-history-tokens must be >= 0")
     target, drafter = load_models(args)
     if args.suffix_history_tokens > 0:
         drafter = with_history(drafter, HistoryStore(args.suffix_history_tokens))
@@ -156,8 +200,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"spectune: {startup_line(drafter, spec)}; engine {args.engine}", file=sys.stderr)
     print(
         f"spectune: serving '{name}' (drafter {draft.name or 'none'}, policy {spec.name}, engine "
-        f"{args.engine}) at http://{args.host}:{args.port}/v1",
+        f"{args.engine}) at http://{args.host}:{sock.getsockname()[1]}/v1",
         file=sys.stderr,
     )
-    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level=args.log_level)
+    serve_on(create_app(service), sock, log_level=args.log_level)
     return 0

@@ -58,6 +58,11 @@ class GenerationSettings:
     top_k: int = 32  # soft labels kept per position
     shard_sequences: int = 64
 
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "max_prompt_tokens", "batch_size", "top_k"):
+            if getattr(self, name) < 1:
+                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
+
 
 def _encode(item: CorpusItem, tokenizer: Tokenizer, limit: int) -> _Encoded | None:
     """Token ids, and whether the target continues them (a chat) or only scores them (a
@@ -76,7 +81,9 @@ def _encode(item: CorpusItem, tokenizer: Tokenizer, limit: int) -> _Encoded | No
                 ids.append(eos)
             train_from = prompt_length - 1
         else:
-            ids = tokenizer.encode(item.text)
+            # Corpus text is the operator's training data, tokenized as it always was
+            # (special-token text in it is parsed); requests' text never is.
+            ids = tokenizer.encode(item.text, allow_special_tokens=True)
             train_from = 0
     except PromptError:
         return None

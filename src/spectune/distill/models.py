@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from spectune.errors import InvalidParameterError
 from spectune.models.feature_head import FeatureHead, FeatureHeadConfig
 from spectune.models.llama import LlamaConfig, LlamaLM, LlamaTransformer, rotary_tables
 
@@ -48,6 +49,30 @@ class DraftArchitecture:
     intermediate_size: int = 768
     feature_layers: tuple[int, ...] = ()
     unroll: int = 1
+
+    def __post_init__(self) -> None:
+        sizes = {
+            "layers": self.num_layers,
+            "hidden": self.hidden_size,
+            "heads": self.num_heads,
+            "kv heads": self.num_kv_heads,
+            "ffn": self.intermediate_size,
+        }
+        for name, value in sizes.items():
+            if value < 1:
+                raise InvalidParameterError(f"the draft's {name} must be >= 1, got {value}")
+        if self.unroll < 1:
+            raise InvalidParameterError(f"--unroll must be >= 1, got {self.unroll}")
+        if self.hidden_size % self.num_heads:
+            raise InvalidParameterError(
+                f"the draft's hidden size {self.hidden_size} is not a multiple of its "
+                f"{self.num_heads} heads"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise InvalidParameterError(
+                f"the draft's {self.num_heads} heads are not a multiple of its "
+                f"{self.num_kv_heads} kv heads"
+            )
 
 
 @dataclass(frozen=True)

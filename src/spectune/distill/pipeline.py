@@ -48,6 +48,12 @@ class CorpusPlan:
     seed: int = 0
     settings: GenerationSettings = GenerationSettings()
 
+    def __post_init__(self) -> None:
+        if self.generate < 0 or self.reference < 0:
+            raise InvalidParameterError("--generate and --reference must be >= 0")
+        if self.cache_dir.exists() and not self.cache_dir.is_dir():
+            raise InvalidParameterError(f"the cache folder {self.cache_dir} is a file")
+
 
 @dataclass(frozen=True)
 class DistillResult:

@@ -25,6 +25,7 @@ from spectune.distill.data import DistillCorpus
 from spectune.distill.losses import SoftLabels, feature_regression, kl_to_target, soft_labels
 from spectune.distill.models import TrainableDraft, TrainBatch
 from spectune.errors import InvalidParameterError
+from spectune.sampling import MAX_SEED
 
 __all__ = ["Budget", "CurvePoint", "TrainSettings", "evaluate", "iterate_batches", "train"]
 
@@ -39,8 +40,8 @@ class Budget:
         if self.max_steps is None and self.max_tokens is None and self.max_minutes is None:
             raise InvalidParameterError("a training budget needs steps, tokens or minutes")
         for value in (self.max_steps, self.max_tokens, self.max_minutes):
-            if value is not None and value < 0:
-                raise InvalidParameterError("budget limits cannot be negative")
+            if value is not None and not 0 <= value < math.inf:
+                raise InvalidParameterError("budget limits must be finite and >= 0")
 
     def fraction(self, step: int, tokens: int, seconds: float) -> float:
         """How much of the budget is spent (>= 1: done). A zero limit is spent at once."""
@@ -66,6 +67,15 @@ class TrainSettings:
     regression_weight: float = 1.0  # feature drafts only
     eval_every: int = 100
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.learning_rate < math.inf:
+            raise InvalidParameterError(f"learning rate must be > 0, got {self.learning_rate}")
+        for name in ("batch_tokens", "max_length", "eval_every"):
+            if getattr(self, name) < 1:
+                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise InvalidParameterError(f"seed must be in [0, 2**63 - 1], got {self.seed}")
 
 
 @dataclass(frozen=True)

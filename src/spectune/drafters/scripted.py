@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from spectune.drafters.base import Draft, TargetFeatures
+from spectune.drafters.base import Draft, Drafter, TargetFeatures
 from spectune.sampling import SamplingParams
 
 __all__ = ["FailingDrafter", "ScriptedDrafter"]
@@ -61,20 +61,37 @@ class ScriptedDrafter:
 
 
 class FailingDrafter:
-    """Misbehaves on purpose: ``mode`` is ``raise``, ``nan`` (NaN probabilities) or ``oov``
-    (token ids outside the vocabulary), starting at proposal number ``after``."""
+    """Misbehaves on purpose, starting at proposal number ``after`` + 1: ``mode`` is
+    ``raise``, ``nan`` (NaN probabilities), ``oov`` (token ids outside the vocabulary) or
+    ``hang`` (that one proposal sleeps ``hang_seconds``, then answers).
 
-    def __init__(self, mode: str, *, vocab_size: int, after: int = 0) -> None:
-        if mode not in ("raise", "nan", "oov"):
+    Its good proposals are ``inner``'s when given (so a real drafter can fail part-way
+    through a request), else zeros with uniform probabilities.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        *,
+        vocab_size: int,
+        after: int = 0,
+        inner: Drafter | None = None,
+        hang_seconds: float = 1.0,
+    ) -> None:
+        if mode not in ("raise", "nan", "oov", "hang"):
             raise ValueError(f"unknown failure mode {mode!r}")
         self.mode = mode
         self.vocab_size = vocab_size
         self.after = after
+        self.inner = inner
+        self.hang_seconds = hang_seconds
         self.calls = 0
-        self.name = f"failing:{mode}"
+        self.name = f"failing:{mode}" if inner is None else inner.name
 
     def reset(self) -> None:
         self.calls = 0
+        if self.inner is not None:
+            self.inner.reset()
 
     def propose(
         self,
@@ -84,15 +101,24 @@ class FailingDrafter:
         generator: torch.Generator | None,
     ) -> Draft:
         self.calls += 1
-        tokens = torch.zeros(num_tokens, dtype=torch.long)
-        probs = torch.full((num_tokens, self.vocab_size), 1.0 / self.vocab_size)
+        if self.inner is not None:
+            draft = self.inner.propose(context, num_tokens, params, generator)
+        else:
+            uniform = torch.full((num_tokens, self.vocab_size), 1.0 / self.vocab_size)
+            draft = Draft(torch.zeros(num_tokens, dtype=torch.long), uniform)
         if self.calls <= self.after:
-            return Draft(tokens, probs)
+            return draft
         if self.mode == "raise":
             raise RuntimeError("scripted drafter failure")
         if self.mode == "nan":
-            return Draft(tokens, torch.full_like(probs, float("nan")))
-        return Draft(tokens + self.vocab_size + 7, probs)
+            nan = torch.full((len(draft), self.vocab_size), float("nan"))
+            return Draft(draft.tokens, nan, draft.parents)
+        if self.mode == "hang":
+            if self.calls == self.after + 1:
+                time.sleep(self.hang_seconds)
+            return draft
+        return Draft(draft.tokens + self.vocab_size + 7, draft.probs, draft.parents)
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
-        """Stateless."""
+        if self.inner is not None:
+            self.inner.commit(context, features)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -322,7 +323,8 @@ class HistoryStore:
 
     Shared by every request's drafter (one per server). ``add`` files a finished output
     under a key (re-adding a key replaces it); ``find`` scans the concatenation, which is
-    rebuilt lazily after a change.
+    rebuilt lazily after a change. A lock guards both: outputs are filed from whichever
+    thread drops a request's drafter, while another may be drafting.
     """
 
     def __init__(self, max_tokens: int = 262_144) -> None:
@@ -333,8 +335,13 @@ class HistoryStore:
         self._size = 0
         self._stream: TokenArray | None = None
         self.added = 0  # documents ever added (evicted ones included)
+        self._lock = threading.Lock()
 
     def add(self, key: int, output: Document) -> None:
+        with self._lock:
+            self._add(key, output)
+
+    def _add(self, key: int, output: Document) -> None:
         if key in self._docs:
             self._size -= len(self._docs.pop(key))
         doc = np.asarray(output, dtype=np.int32)[-self.max_tokens :]
@@ -356,11 +363,14 @@ class HistoryStore:
         return self._size
 
     def documents(self) -> list[TokenArray]:
-        return list(self._docs.values())
+        with self._lock:
+            return list(self._docs.values())
 
     def find(self, tail: Sequence[int], max_depth: int) -> Match | None:
-        if not self._docs:
-            return None
-        if self._stream is None:
-            self._stream = _join(self._docs.values(), front_pad=1)
-        return scan_matches(self._stream, tail, max_depth)
+        with self._lock:
+            if not self._docs:
+                return None
+            if self._stream is None:
+                self._stream = _join(self._docs.values(), front_pad=1)
+            stream = self._stream  # an add replaces the stream, never changes it in place
+        return scan_matches(stream, tail, max_depth)

@@ -150,13 +150,16 @@ class RequestMonitor:
         finally:
             self.finish()
 
-    def finish(self) -> None:
-        """Write the request's summary to the trace (once)."""
+    def finish(self, *, cancelled: bool = False) -> None:
+        """Write the request's summary to the trace (once); ``cancelled``: it ended
+        before its finish reason (the client went away)."""
         if self.finished:
             return
         self.finished = True
         if self.parent.trace is not None:
-            self.parent.trace.request_finished(self.request_id, self.stats.snapshot())
+            self.parent.trace.request_finished(
+                self.request_id, self.stats.snapshot(), cancelled=cancelled
+            )
 
     def snapshot(self) -> StatsSnapshot:
         return self.stats.snapshot()

@@ -49,7 +49,7 @@ __all__ = [
     "fallback_kind",
 ]
 
-FALLBACK_KINDS = ("token", "local", "global", "cost", "drafter_error", "other")
+FALLBACK_KINDS = ("token", "local", "global", "cost", "drafter_error", "draft_deadline", "other")
 MIN_PLAIN_STEPS = 3  # plain steps needed before their rate is used as the baseline
 
 

@@ -80,8 +80,11 @@ class TraceWriter:
         event["policy"] = dict(policy) if policy is not None else None
         self._write(event)
 
-    def request_finished(self, request: str, summary: StatsSnapshot) -> None:
-        self._write({"event": "end", "request": request, "summary": to_json(summary)})
+    def request_finished(
+        self, request: str, summary: StatsSnapshot, *, cancelled: bool = False
+    ) -> None:
+        event = {"event": "end", "request": request, "summary": to_json(summary)}
+        self._write({**event, "cancelled": cancelled})
 
     def close(self) -> None:
         if self._owned:
@@ -106,6 +109,7 @@ class TraceRequest:
     info: dict[str, Any] = field(default_factory=dict)
     steps: list[TraceStep] = field(default_factory=list)
     summary: dict[str, Any] | None = None
+    cancelled: bool = False  # ended before its finish reason (the client went away)
 
 
 _INT_FIELDS = ("index", "k", "drafted", "accepted")
@@ -180,6 +184,7 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
                 request.steps.append(TraceStep(_record(event), event.get("policy")))
             elif kind == "end":
                 request.summary = event.get("summary")
+                request.cancelled = event.get("cancelled") is True  # absent in older traces
         except (ValueError, TypeError, KeyError) as exc:  # KeyError: a field is missing
             raise TraceError(f"{path}:{number}: not a spectune trace event ({exc})") from exc
     if not any(r.steps for r in requests.values()):

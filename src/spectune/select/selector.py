@@ -18,6 +18,8 @@ from spectune.costs import (
     measure_forward_curve,
     predicted_speedup,
 )
+from spectune.engine import validate_k
+from spectune.errors import InvalidParameterError
 from spectune.pairing import Loaded
 from spectune.select.alpha import AlphaEstimate, Continuation, estimate_alpha, make_continuations
 from spectune.select.candidates import Candidate, SizeBand, resolve_candidate, size_band
@@ -39,6 +41,13 @@ class SelectSettings:
     extra_ks: tuple[int, ...] = ()  # also run these K, for the predicted-vs-measured plot
     confirm: bool = True
     trust_draft_vocab: bool = False  # pair drafts without a tokenizer (spectune.pairing)
+
+    def __post_init__(self) -> None:
+        for k in (self.max_k, *self.extra_ks):
+            validate_k(k)
+        for name in ("continuation_tokens", "confirm_prompts", "confirm_tokens"):
+            if getattr(self, name) < 1:
+                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ running request; ``sequential`` runs one pass per request (exact, slower; a refe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from spectune.server.sequential import SequentialBatchEngine
 __all__ = ["ENGINES", "DraftSource", "EngineSettings", "build_engine"]
 
 ENGINES = ("batch", "sequential")
+DEFAULT_DRAFT_DEADLINE = 10.0  # seconds
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,9 @@ class EngineSettings:
     max_batch: int = 16
     capacity: int = 2048  # most tokens per sequence (prompt + output)
     speculate_max_batch: int | None = None  # above this many running requests: no drafts
+    # Seconds a draft pass may take before the step goes on without drafts (batch engine;
+    # None: no deadline). Far above any healthy pass: it catches hung drafters.
+    draft_deadline: float | None = DEFAULT_DRAFT_DEADLINE
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINES:
@@ -99,6 +104,10 @@ class EngineSettings:
             raise InvalidParameterError(f"capacity must be >= 2 tokens, got {self.capacity}")
         if self.speculate_max_batch is not None and self.speculate_max_batch < 0:
             raise InvalidParameterError("speculate_max_batch must be >= 0")
+        if self.draft_deadline is not None and not 0 < self.draft_deadline < math.inf:
+            raise InvalidParameterError(
+                f"draft_deadline must be a positive number of seconds, got {self.draft_deadline}"
+            )
 
 
 def build_engine(
@@ -130,5 +139,6 @@ def build_engine(
         capacity=settings.capacity,
         speculate_max_batch=settings.speculate_max_batch,
         policy_factory=policies,
+        draft_deadline=settings.draft_deadline,
     )
     return batched, policies, min(context, batched.capacity)

@@ -23,6 +23,8 @@ __all__ = ["ERROR_RESPONSES", "APIError", "error_response", "install_error_handl
 log = logging.getLogger(__name__)
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# pydantic's labels of union members that read like field names ("content.str").
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict"})
 
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
     code: {"description": text, "model": ErrorResponse}
@@ -76,7 +78,11 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         return APIError(400, "the request body is not valid JSON", code="invalid_json")
     # loc is ("body", field, index, ...), with union-member labels mixed in
     # ("constrained-str", "list[int]"): the param is the field path without them.
-    loc = [str(p) for p in first.get("loc", ()) if isinstance(p, int) or _IDENT.match(str(p))]
+    loc = [
+        str(p)
+        for p in first.get("loc", ())
+        if isinstance(p, int) or (_IDENT.match(str(p)) and p not in _TYPE_LABELS)
+    ]
     loc = loc[1:] if loc[:1] == ["body"] else loc
     param = ".".join(loc) or None
     if param is None and first.get("type") in ("model_attributes_type", "dict_type", "missing"):

@@ -70,6 +70,11 @@ class SpectuneOptions(_Body):
         description="fixed K without a policy, else the policy's (initial) K; 0 = no speculation",
     )
     off: StrictBool = Field(default=False, description="decode without speculation")
+    allow_special_tokens: StrictBool = Field(
+        default=False,
+        description="completions only: parse special-token text (e.g. '<|im_end|>') in a "
+        "text prompt into special tokens; chat messages are always plain text",
+    )
 
 
 class StreamOptions(_Body):

@@ -8,6 +8,7 @@ bad request is refused with a 4xx and never reaches the engine.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -130,15 +131,25 @@ class Service:
     def _prompt_tokens(self, body: CompletionRequest | ChatCompletionRequest) -> list[int]:
         tokenizer = self.served.tokenizer
         vocab = self.served.model.info.vocab_size
+        # Clients' text never becomes special tokens, unless a raw prompt opts in.
+        allow_special = body.spectune is not None and body.spectune.allow_special_tokens
         try:
             if isinstance(body, ChatCompletionRequest):
+                if allow_special:
+                    raise APIError(
+                        400,
+                        "allow_special_tokens applies to /v1/completions text prompts; chat "
+                        "messages are always tokenized as plain text",
+                        param="spectune.allow_special_tokens",
+                        code="unsupported_option",
+                    )
                 messages = [{"role": m.role, "content": m.text()} for m in body.messages]
                 return tokenizer.encode_chat(messages)
             if isinstance(body.prompt, str):
-                return tokenizer.encode(body.prompt)
+                return tokenizer.encode(body.prompt, allow_special_tokens=allow_special)
             if isinstance(body.prompt[0], str):
-                return tokenizer.encode(str(body.prompt[0]))
-        except SpectuneError:
+                return tokenizer.encode(str(body.prompt[0]), allow_special_tokens=allow_special)
+        except (SpectuneError, APIError):
             raise
         except Exception as exc:  # tokenizers and templates raise many types on odd input
             raise APIError(
@@ -258,9 +269,10 @@ class Service:
         engine_done = False  # the engine finished the request and freed its row itself
         client_gone = False
         finished = False  # the last delta (with its finish reason) was handed out
+        client = None if is_disconnected is None else _ClientWatch(is_disconnected)
         try:
             while True:
-                update = await self._next(sink, is_disconnected)
+                update = await self._next(sink, client)
                 if update is None:
                     client_gone = True
                     break
@@ -276,21 +288,43 @@ class Service:
             client_gone = not finished
             raise
         finally:
-            watch.finish()
+            watch.finish(cancelled=client_gone)
             if not engine_done:
                 self.scheduler.cancel(request_id)
             if client_gone:
                 self.metrics.cancelled.inc()
 
     @staticmethod
-    async def _next(
-        sink: AsyncSink, is_disconnected: Callable[[], Awaitable[bool]] | None
-    ) -> Update | None:
-        if is_disconnected is None:
+    async def _next(sink: AsyncSink, client: _ClientWatch | None) -> Update | None:
+        """The request's next update, or None once its client has gone.
+
+        The client is checked every ``DISCONNECT_POLL_SECONDS`` whether or not updates
+        arrive meanwhile: a fast engine delivers one every few milliseconds, and a check
+        made only while waiting would never run.
+        """
+        if client is None:
             return await sink.next()
         while True:
+            if await client.gone():
+                return None
             try:
-                return await asyncio.wait_for(sink.next(), DISCONNECT_POLL_SECONDS)
+                return await asyncio.wait_for(sink.next(), client.until_next_check())
             except TimeoutError:
-                if await is_disconnected():
-                    return None
+                continue
+
+
+class _ClientWatch:
+    """Asks ``is_disconnected`` at most once per ``DISCONNECT_POLL_SECONDS``."""
+
+    def __init__(self, is_disconnected: Callable[[], Awaitable[bool]]) -> None:
+        self.is_disconnected = is_disconnected
+        self.next_check = time.monotonic() + DISCONNECT_POLL_SECONDS
+
+    def until_next_check(self) -> float:
+        return max(self.next_check - time.monotonic(), 0.0)
+
+    async def gone(self) -> bool:
+        if time.monotonic() < self.next_check:
+            return False
+        self.next_check = time.monotonic() + DISCONNECT_POLL_SECONDS
+        return await self.is_disconnected()

@@ -1,0 +1,543 @@
+"""Every bad input to every command and endpoint ends in one line, never a traceback.
+
+Two tables, run in-process:
+
+- the CLI: ``main(argv)`` returns 2 and prints exactly one line to stderr,
+  ``spectune: error: ...`` naming the problem (argparse's usage errors included), with no
+  ``Traceback``; every subcommand's ports, hosts, paths, numbers (0, negative, NaN, inf,
+  64-bit overflow) and text encodings (lone surrogates, as undecodable argv bytes arrive).
+- HTTP: each endpoint's fields, headers and bodies answer a 4xx in OpenAI's error shape
+  ``{"error": {"message", "type", "param", "code"}}``.
+
+Models load from a toy folder (``@T``), so a case that gets as far as loading costs
+milliseconds; the real model is never needed here.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from spectune.cli import main
+from spectune.models.llama import LlamaLM
+from spectune.models.loading import save_native
+from spectune.models.toy import toy_model
+from spectune.server import Limits, create_app
+from spectune.server.engines import DraftSource, EngineSettings
+from spectune.server.testing import toy_service, toy_tokenizer
+
+# -- the command line ----------------------------------------------------------------------
+
+# (argv, a part of the message). Placeholders: @T a toy model folder (with a tokenizer),
+# @W a scratch folder holding the files below, @BUSY a loopback port another socket holds.
+CLI_CASES: list[tuple[str, str]] = [
+    # usage errors (argparse), any command
+    ("bogus", "invalid choice: 'bogus'"),
+    ("generate hi --max-tokens abc", "argument --max-tokens: invalid int value: 'abc'"),
+    ("generate hi --dtype fp64", "argument --dtype: invalid choice"),
+    ("generate hi --runtime bogus", "argument --runtime: invalid choice"),
+    ("generate hi --policy bogus", "argument --policy: invalid choice"),
+    ("generate hi --no-such-option", "unrecognized arguments: --no-such-option"),
+    # generate: sampling numbers
+    ("generate hi --temperature -1", "temperature must be >= 0"),
+    ("generate hi --temperature nan", "temperature must be >= 0"),
+    ("generate hi --temperature inf", "temperature must be <= 100"),
+    ("generate hi --top-p 0", "top_p must be in (0, 1]"),
+    ("generate hi --top-p 1.5", "top_p must be in (0, 1]"),
+    ("generate hi --top-p nan", "top_p must be in (0, 1]"),
+    ("generate hi --top-k -1", "top_k must be >= 0"),
+    ("generate hi --max-tokens 0", "max_tokens must be >= 1"),
+    ("generate hi --seed -1", "seed must be in [0, 2**63 - 1]"),
+    ("generate hi --seed 99999999999999999999999", "seed must be in [0, 2**63 - 1]"),
+    ("generate hi --stop=", "stop strings must be non-empty"),
+    # generate: K, policies, trees
+    ("generate hi --k 0", "K (draft tokens per step) must be in [1, 32]"),
+    ("generate hi --k 500", "K (draft tokens per step) must be in [1, 32]"),
+    ("generate hi --policy-file /nonexistent.toml", "cannot read policy file"),
+    ("generate hi --policy-file @W/bad.jsonl", "policy"),
+    ("generate hi --policy-opt nonsense", "--policy-opt wants key=value"),
+    ("generate hi --tree-min-prob 0.5", "--tree-min-prob needs a tree"),
+    ("generate hi --target @T --tree-width 0", "tree width must be in [1, 8]"),
+    ("generate hi --target @T --tree-width 2 --tree-min-prob nan", "min_path_prob"),
+    # generate: prompts and their text
+    ("generate", "the prompt is empty"),
+    ("generate ''", "the prompt is empty"),
+    ("generate --chat '' --target @T", "the prompt is empty"),
+    ("generate w1 --chat w2", "a raw prompt or --chat, not both"),
+    ("generate w1 --system w2", "--system needs --chat"),
+    ("generate --chat w1 --allow-special-tokens", "--allow-special-tokens applies to raw prompts"),
+    ("generate $'w1 \\udcff' --target @T", "the prompt is not valid UTF-8"),
+    ("generate --chat $'w1 \\ud800' --target @T", "--chat is not valid UTF-8"),
+    ("generate --chat w1 --system $'\\udcc3' --target @T", "--system is not valid UTF-8"),
+    # generate: model paths and files
+    ("generate hi --target /nonexistent/model.gguf", "model not found: /nonexistent/model.gguf"),
+    ("generate hi --target @W/corrupt.gguf", "cannot read GGUF file"),
+    ("generate hi --target @W/no-weights", "no .safetensors weights"),
+    ("generate hi --target @W/truncated", "cannot read"),
+    ("generate hi --target @W/garbage.txt", "unsupported model file garbage.txt"),
+    ("generate hi --target @T --draft /nonexistent", "model not found: /nonexistent"),
+    ("generate hi --target @T --trace /nonexistent/dir/t.jsonl", "cannot write trace"),
+    # serve: the address, before any model loads
+    ("serve --port 70000", "--port must be in [0, 65535], got 70000"),
+    ("serve --port -1", "--port must be in [0, 65535], got -1"),
+    ("serve --port abc", "argument --port: invalid int value"),
+    ("serve --port @BUSY --target @T", "Address already in use"),
+    ("serve --host 'not an address'", "--host 'not an address' is not an address here"),
+    ("serve --host 999.1.1.1", "--host '999.1.1.1' is not an address here"),
+    ("serve --host ''", "--host must be an address"),
+    ("serve --host 192.0.2.1 --port 0", "cannot listen on 192.0.2.1:0"),
+    # serve: engine, limits, names, files
+    ("serve --max-batch 0", "max_batch must be >= 1"),
+    ("serve --capacity 1", "capacity must be >= 2 tokens"),
+    ("serve --speculate-max-batch -1", "speculate_max_batch must be >= 0"),
+    ("serve --max-body-bytes 0", "max_body_bytes must be >= 1"),
+    ("serve --max-prompt-tokens 0", "max_prompt_tokens must be >= 1"),
+    ("serve --max-tokens 0", "max_tokens must be >= 1"),
+    ("serve --default-max-tokens 0", "default_max_tokens must be in [1, max_tokens]"),
+    ("serve --max-requests 0", "max_requests must be >= 1"),
+    ("serve --threads 0", "--threads must be >= 1"),
+    ("serve --draft-deadline -1", "draft_deadline must be a positive number"),
+    ("serve --draft-deadline nan", "draft_deadline must be a positive number"),
+    ("serve --engine bogus", "argument --engine: invalid choice"),
+    ("serve --k 0", "K (draft tokens per step) must be in [1, 32]"),
+    ("serve --port 0 --served-model-name ''", "--served-model-name must not be empty"),
+    ("serve --port 0 --target /nonexistent", "model not found: /nonexistent"),
+    ("serve --port 0 --target @W/corrupt.gguf", "cannot read GGUF file"),
+    ("serve --port 0 --target @T --draft /nonexistent", "model not found: /nonexistent"),
+    ("serve --port 0 --target @T --trace /nonexistent/dir/t.jsonl", "cannot write trace"),
+    # bench
+    ("bench --target /nonexistent", "model not found: /nonexistent"),
+    ("bench --target @T --draft /nonexistent", "model not found: /nonexistent"),
+    ("bench --target @T --draft ngram --temperatures abc", "--temperatures"),
+    ("bench --target @T --draft ngram --temperatures -1", "temperatures must be >= 0"),
+    ("bench --target @T --draft ngram --max-tokens 0", "--max-tokens and --repeats"),
+    ("bench --target @T --draft ngram --repeats 0", "--max-tokens and --repeats"),
+    ("bench --target @T --draft ngram --k 0", "K (draft tokens per step) must be in [1, 32]"),
+    ("bench --target @T --draft ngram --k x", "--k"),
+    ("bench --target @T --draft ngram --policies bogus", "unknown policies ['bogus']"),
+    ("bench --target @T --draft ngram --trees bogus", "bogus"),
+    ("bench --target @T --draft ngram --tree-k 0", "K (draft tokens per step)"),
+    ("bench --target @T --draft ngram --systems bogus", "unknown systems"),
+    ("bench --target @T --draft ngram --prompt-lookup-tokens 0", "--prompt-lookup-tokens"),
+    ("bench --target @T --draft ngram --budget-minutes -1", "--budget-minutes"),
+    ("bench --target @T --draft ngram --budget-minutes nan", "--budget-minutes"),
+    ("bench --target @T --draft ngram --seed -1", "--seed must be in [0, 2**63 - 1]"),
+    ("bench --target @T --draft ngram --out @W/garbage.txt", "is a file"),
+    ("bench --target @T --draft ngram --threads 0", "--threads must be at least 1"),
+    ("bench --target @T --draft ngram --prompts /nonexistent.jsonl", "not found"),
+    ("bench --target @T --draft ngram --prompts @W/bad.jsonl", "bad.jsonl:1"),
+    ("bench --target @T --draft ngram --categories bogus", "bogus"),
+    ("bench --target @T --draft ngram --limit-per-category 0", "--limit-per-category"),
+    # distill (every setting is checked before the target loads)
+    ("distill --target @T", "required: --corpus, --out"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 0", "give a budget"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --minutes nan", "finite and >= 0"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --tokens -5", "finite and >= 0"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --layers 0", "layers must be >= 1"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --heads 3", "multiple of its 3 heads"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --kv-heads 3", "3 kv heads"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --ffn 0", "ffn must be >= 1"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --generate -1", "--generate"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --max-new-tokens 0", "max_new"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --gen-batch 0", "batch_size"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --lr nan", "learning rate"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --batch-tokens 0", "batch_tokens"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --eval-every 0", "eval_every"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --heldout 0", "--heldout"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --threads 0", "--threads"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --seed -1", "seed must be in"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --vocab-size 0", "--vocab-size"),
+    ("distill --corpus @W/corpus.jsonl --out @W/garbage.txt --steps 1", "is a file"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --cache-dir @W/garbage.txt", "file"),
+    ("distill --corpus /nonexistent.jsonl --out @W/d --steps 1 --target @T", "not found"),
+    ("distill --corpus @W/bad.jsonl --out @W/d --steps 1 --target @T", "bad.jsonl:1"),
+    # select
+    ("select ngram --per-category 0", "--per-category must be at least 1"),
+    ("select ngram --max-k 0", "K (draft tokens per step) must be in [1, 32]"),
+    ("select ngram --max-k 99", "K (draft tokens per step) must be in [1, 32]"),
+    ("select ngram --extra-k 0", "K (draft tokens per step)"),
+    ("select ngram --continuation-tokens 0", "continuation_tokens must be >= 1"),
+    ("select ngram --confirm-prompts 0", "confirm_prompts must be >= 1"),
+    ("select ngram --confirm-tokens 0", "confirm_tokens must be >= 1"),
+    ("select ngram --report-dir @W/garbage.txt", "is a file"),
+    ("select /nonexistent --target @T", "model not found: /nonexistent"),
+    ("select ngram --target /nonexistent", "model not found: /nonexistent"),
+    ("select ngram --target @T --prompts /nonexistent.jsonl", "not found"),
+    ("select ngram --target @T --prompts @W/bad.jsonl", "bad.jsonl:1"),
+    ("select ngram --target @T --split bogus", "no prompts left"),
+    # experiment
+    ("experiment bogus", "invalid choice: 'bogus'"),
+    ("experiment tree --toy --per-category 0", "--per-category must be >= 1"),
+    ("experiment tree --toy --max-tokens 0", "--max-tokens must be >= 1"),
+    ("experiment tree --toy --budgets x", "comma-separated integers"),
+    ("experiment tree --toy --widths 0", "values must be >= 1"),
+    ("experiment tree --toy --temperatures x", "comma-separated numbers"),
+    ("experiment batch --toy --sizes 0", "values must be >= 1"),
+    ("experiment chunked --toy --ks 0", "values must be >= 1"),
+    ("experiment tree --target /nonexistent", "model not found: /nonexistent"),
+    # report
+    ("report /nonexistent.jsonl", "cannot read trace"),
+    ("report @W/garbage.txt", "garbage.txt:1"),
+    ("report @W", "cannot read trace"),
+    ("report @W/garbage.txt --window 0", "--window must be >= 1"),
+    # export
+    ("export --to bogus", "argument --to: invalid choice"),
+    ("export --to vllm", ""),
+    ("export /nonexistent.json --to vllm", "/nonexistent.json"),
+    ("export @W/garbage.txt --to vllm", "garbage.txt"),
+    ("export --to vllm --target x --draft y --k 0", "nothing to export"),
+]
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    work = tmp_path_factory.mktemp("bad-input")
+    toy = work / "toy"
+    save_native(toy_model(0), toy)
+    toy_tokenizer(toy)
+    (work / "bad.jsonl").write_text("{not json\n")
+    (work / "garbage.txt").write_text("hello\n")
+    (work / "corpus.jsonl").write_text('{"text": "w1 w2 w3"}\n')
+    (work / "corrupt.gguf").write_bytes(b"GGUF" + b"\x00garbage" * 10)
+    for name in ("no-weights", "truncated"):
+        save_native(toy_model(0), work / name)
+    (work / "no-weights" / "model.safetensors").unlink()
+    weights = work / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    yield {"@T": str(toy), "@W": str(work), "@BUSY": str(busy.getsockname()[1])}
+    busy.close()
+
+
+def split_argv(line: str, places: dict[str, str]) -> list[str]:
+    """Words of ``line`` (quotes as a shell; ``$'...'`` decodes \\u escapes, so lone
+    surrogates stand for undecodable bytes), placeholders filled in."""
+    import shlex
+
+    words = []
+    for word in shlex.split(line.replace("$'", "'$")):
+        if word.startswith("$"):
+            word = word[1:].encode("ascii").decode("unicode_escape")
+        for key, value in places.items():
+            word = word.replace(key, value)
+        words.append(word)
+    return words
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # ``--threads`` cases must not leak
+
+
+@pytest.mark.parametrize(("line", "message"), CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_cli(
+    line: str, message: str, scratch: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(split_argv(line, scratch))
+    captured = capsys.readouterr()
+    err = captured.err
+    assert status == 2, (status, err[-500:])
+    assert "Traceback" not in err + captured.out
+    assert err.startswith("spectune: error: ") and err.count("\n") == 1, err
+    for key, value in scratch.items():
+        message = message.replace(key, value)
+    assert message in err
+
+
+# -- HTTP ----------------------------------------------------------------------------------
+
+LIMITS = Limits(
+    max_body_bytes=4096, max_prompt_tokens=32, max_tokens=8, default_max_tokens=4, max_requests=4
+)
+CHAT = {"model": "toy", "messages": [{"role": "user", "content": "w1 w2"}], "max_tokens": 2}
+COMPLETION = {"model": "toy", "prompt": "w1 w2", "max_tokens": 2}
+
+# (method, path, JSON body (or raw bytes), extra headers, status, param or None)
+HTTP_CASES: list[tuple[str, str, object, dict[str, str], int, str | None]] = [
+    # the body itself
+    ("POST", "/v1/chat/completions", b"{not json", {}, 400, None),
+    ("POST", "/v1/chat/completions", b"[1, 2]", {}, 400, None),
+    ("POST", "/v1/chat/completions", b"", {}, 400, None),
+    ("POST", "/v1/chat/completions", b'{"model": "toy\xff"}', {}, 400, None),
+    ("POST", "/v1/completions", b"x" * 5000, {}, 413, None),
+    ("POST", "/v1/completions", COMPLETION, {"content-type": "text/plain"}, 400, None),
+    ("POST", "/v1/completions", COMPLETION, {"content-length": "abc"}, 400, None),
+    # the model
+    ("POST", "/v1/completions", {**COMPLETION, "model": "other"}, {}, 404, "model"),
+    ("POST", "/v1/completions", {**COMPLETION, "model": 5}, {}, 400, "model"),
+    ("POST", "/v1/completions", {"prompt": "w1"}, {}, 400, "model"),
+    # the prompt
+    ("POST", "/v1/completions", {**COMPLETION, "prompt": ""}, {}, 400, "prompt"),
+    ("POST", "/v1/completions", {**COMPLETION, "prompt": []}, {}, 400, "prompt"),
+    ("POST", "/v1/completions", {**COMPLETION, "prompt": [5, 64]}, {}, 400, "prompt"),
+    ("POST", "/v1/completions", {**COMPLETION, "prompt": [-1]}, {}, 400, "prompt"),
+    ("POST", "/v1/completions", {**COMPLETION, "prompt": [[1, 2]]}, {}, 400, "prompt"),
+    ("POST", "/v1/completions", {**COMPLETION, "prompt": ["a", "b"]}, {}, 400, "prompt"),
+    ("POST", "/v1/completions", {**COMPLETION, "prompt": "w1 " * 40}, {}, 400, "prompt"),
+    ("POST", "/v1/completions", {**COMPLETION, "prompt": "w1 \ud800"}, {}, 400, None),
+    ("POST", "/v1/completions", {**COMPLETION, "prompt": 12}, {}, 400, "prompt"),
+    # messages
+    ("POST", "/v1/chat/completions", {**CHAT, "messages": []}, {}, 400, "messages"),
+    ("POST", "/v1/chat/completions", {**CHAT, "messages": "hi"}, {}, 400, "messages"),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "x", "content": "w1"}]},
+        {},
+        400,
+        "messages.0.role",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user"}]},
+        {},
+        400,
+        "messages.0.content",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": ""}]},
+        {},
+        400,
+        None,
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": [{"type": "image", "text": "w1"}]}]},
+        {},
+        400,
+        "messages.0.content",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": "w1 \udcff"}]},
+        {},
+        400,
+        None,
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": "w1 <|im_end|>"}]},
+        {},
+        400,
+        None,
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": 5}]},
+        {},
+        400,
+        "messages.0.content",
+    ),
+    # sampling fields
+    ("POST", "/v1/completions", {**COMPLETION, "max_tokens": 0}, {}, 400, "max_tokens"),
+    ("POST", "/v1/completions", {**COMPLETION, "max_tokens": 9}, {}, 400, "max_tokens"),
+    ("POST", "/v1/completions", {**COMPLETION, "max_tokens": "2"}, {}, 400, "max_tokens"),
+    ("POST", "/v1/completions", {**COMPLETION, "max_tokens": 1.5}, {}, 400, "max_tokens"),
+    ("POST", "/v1/completions", {**COMPLETION, "max_tokens": True}, {}, 400, "max_tokens"),
+    ("POST", "/v1/completions", {**COMPLETION, "max_tokens": 2**70}, {}, 400, "max_tokens"),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {**CHAT, "max_completion_tokens": 0},
+        {},
+        400,
+        "max_completion_tokens",
+    ),
+    ("POST", "/v1/completions", {**COMPLETION, "temperature": -1}, {}, 400, "temperature"),
+    ("POST", "/v1/completions", {**COMPLETION, "temperature": 3}, {}, 400, "temperature"),
+    ("POST", "/v1/completions", {**COMPLETION, "temperature": "hot"}, {}, 400, "temperature"),
+    (
+        "POST",
+        "/v1/completions",
+        b'{"model": "toy", "prompt": "w1", "temperature": NaN}',
+        {},
+        400,
+        "temperature",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        b'{"model": "toy", "prompt": "w1", "top_p": Infinity}',
+        {},
+        400,
+        "top_p",
+    ),
+    ("POST", "/v1/completions", {**COMPLETION, "top_p": 0}, {}, 400, "top_p"),
+    ("POST", "/v1/completions", {**COMPLETION, "top_k": -1}, {}, 400, "top_k"),
+    ("POST", "/v1/completions", {**COMPLETION, "stop": ""}, {}, 400, "stop"),
+    ("POST", "/v1/completions", {**COMPLETION, "stop": ["a"] * 5}, {}, 400, "stop"),
+    ("POST", "/v1/completions", {**COMPLETION, "stop": [1]}, {}, 400, "stop"),
+    ("POST", "/v1/completions", {**COMPLETION, "seed": -1}, {}, 400, "seed"),
+    ("POST", "/v1/completions", {**COMPLETION, "seed": 2**64}, {}, 400, "seed"),
+    ("POST", "/v1/completions", {**COMPLETION, "stream": "yes"}, {}, 400, "stream"),
+    (
+        "POST",
+        "/v1/completions",
+        {**COMPLETION, "stream_options": {"include_usage": 1}},
+        {},
+        400,
+        "stream_options.include_usage",
+    ),
+    ("POST", "/v1/completions", {**COMPLETION, "n": 2}, {}, 400, "n"),
+    ("POST", "/v1/completions", {**COMPLETION, "presence_penalty": 1}, {}, 400, "presence_penalty"),
+    ("POST", "/v1/completions", {**COMPLETION, "echo": True}, {}, 400, "echo"),
+    ("POST", "/v1/completions", {**COMPLETION, "logprobs": 2}, {}, 400, "logprobs"),
+    ("POST", "/v1/completions", {**COMPLETION, "best_of": 2}, {}, 400, "best_of"),
+    ("POST", "/v1/completions", {**COMPLETION, "suffix": "x"}, {}, 400, "suffix"),
+    ("POST", "/v1/chat/completions", {**CHAT, "logprobs": True}, {}, 400, "logprobs"),
+    # spectune's extension object
+    (
+        "POST",
+        "/v1/completions",
+        {**COMPLETION, "spectune": {"policy": "bogus"}},
+        {},
+        400,
+        "spectune.policy",
+    ),
+    ("POST", "/v1/completions", {**COMPLETION, "spectune": {"k": 99}}, {}, 400, "spectune.k"),
+    (
+        "POST",
+        "/v1/completions",
+        {**COMPLETION, "spectune": {"drafter": "other"}},
+        {},
+        400,
+        "spectune.drafter",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {**COMPLETION, "spectune": {"off": "yes"}},
+        {},
+        400,
+        "spectune.off",
+    ),
+    ("POST", "/v1/completions", {**COMPLETION, "spectune": "fast"}, {}, 400, "spectune"),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {**CHAT, "spectune": {"allow_special_tokens": True}},
+        {},
+        400,
+        "spectune.allow_special_tokens",
+    ),
+    (
+        "POST",
+        "/v1/completions",
+        {**COMPLETION, "spectune": {"allow_special_tokens": 1}},
+        {},
+        400,
+        "spectune.allow_special_tokens",
+    ),
+    # paths and methods
+    ("GET", "/v1/completions", None, {}, 405, None),
+    ("POST", "/v1/models", None, {}, 405, None),
+    ("GET", "/v1/nothing", None, {}, 404, None),
+]
+# The same requests with a key required: a missing or wrong key is a 401 first.
+AUTH_CASES: list[tuple[str, str, dict[str, str]]] = [
+    ("POST", "/v1/completions", {}),
+    ("POST", "/v1/chat/completions", {"authorization": "Bearer wrong"}),
+    ("GET", "/v1/models", {"authorization": "Basic c2VjcmV0"}),
+    ("GET", "/metrics", {"authorization": "Bearer"}),
+]
+
+
+def _client(target: LlamaLM, folder: Path, api_key: str | None = None) -> TestClient:
+    service = toy_service(
+        target,
+        toy_tokenizer(folder),
+        draft=DraftSource(ngram=True),
+        engine=EngineSettings(max_batch=2, capacity=64),
+        limits=LIMITS,
+        api_key=api_key,
+    )
+    return TestClient(create_app(service), raise_server_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def http(toy_target: LlamaLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    with _client(toy_target, tmp_path_factory.mktemp("bad-http")) as client:
+        yield client
+
+
+def _send(
+    client: TestClient, method: str, path: str, body: object, headers: dict[str, str]
+) -> tuple[int, dict[str, object]]:
+    if isinstance(body, bytes):
+        content = body
+        headers = {"content-type": "application/json", **headers}
+    elif body is None:
+        content = None
+    else:
+        # ensure_ascii keeps lone surrogates as \\u escapes, as a client in another
+        # language may send them.
+        content = json.dumps(body).encode()
+        headers = {"content-type": "application/json", **headers}
+    reply = client.request(method, path, content=content, headers=headers)
+    return reply.status_code, reply.json()
+
+
+def _assert_openai_error(status: int, body: dict[str, object], expected: int) -> None:
+    assert status == expected, body
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert "Traceback" not in error["message"] and "\n" not in error["message"]
+    assert error["type"] in ("invalid_request_error", "authentication_error", "rate_limit_error")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers", "status", "param"),
+    HTTP_CASES,
+    ids=[f"{c[0]} {c[1]} {json.dumps(c[2], default=repr)[:60]}" for c in HTTP_CASES],
+)
+def test_http(
+    http: TestClient,
+    method: str,
+    path: str,
+    body: object,
+    headers: dict[str, str],
+    status: int,
+    param: str | None,
+) -> None:
+    got, reply = _send(http, method, path, body, headers)
+    _assert_openai_error(got, reply, status)
+    if param is not None:
+        assert reply["error"]["param"] == param, reply  # type: ignore[index]
+
+
+def test_http_auth(toy_target: LlamaLM, tmp_path: Path) -> None:
+    with _client(toy_target, tmp_path, api_key="secret") as client:
+        for method, path, headers in AUTH_CASES:
+            body = COMPLETION if method == "POST" else None
+            got, reply = _send(client, method, path, body, headers)
+            _assert_openai_error(got, reply, 401)
+        ok = client.get("/v1/models", headers={"authorization": "Bearer secret"})
+        assert ok.status_code == 200  # the key itself works: the 401s meant something
+
+
+def test_http_still_serves(http: TestClient) -> None:
+    """After every bad request, good ones are still answered."""
+    for path, body in (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)):
+        reply = http.post(path, json=body)
+        assert reply.status_code == 200, reply.text
+    assert http.get("/health").json()["status"] == "ok"
