@@ -44,7 +44,8 @@ def test_select_ranks_good_above_bad_and_flags_incompatible(
     save_native(toy_model(7, scale=3.0), tmp_path / "bad")
     save_native(toy_model(0, config=toy_config(vocab_size=256)), tmp_path / "wide")
     target = Loaded(toy_target, _NoTokenizer(), tmp_path)  # type: ignore[arg-type]
-    specs = [str(tmp_path / n) for n in ("bad", "wide", "good")] + ["ngram", "/no/such/model"]
+    specs = [str(tmp_path / n) for n in ("bad", "wide", "good")]
+    specs += ["ngram", "suffix:none", "/no/such/model"]
     settings = SelectSettings(
         continuation_tokens=24,
         confirm_prompts=2,
@@ -62,11 +63,14 @@ def test_select_ranks_good_above_bad_and_flags_incompatible(
     assert not by_spec["/no/such/model"].compatible
     assert "model not found" in by_spec["/no/such/model"].problems[0]
     assert set(good.alpha[0].per_category) == {"chat", "math"}
+    suffix = by_spec["suffix:none"]
+    assert suffix.compatible and suffix.kind == "suffix" and suffix.alpha_at(0.0) is not None
     assert good.runs and good.draft_cost is not None and good.draft_cost > 0
     data = to_json(report)
-    # Timing decides between the good draft, prompt lookup (free to run) and no speculation;
+    # Timing decides between the good draft, the lookups (free to run) and no speculation;
     # never the bad or the incompatible draft.
-    assert data["recommendation"]["draft"] in (str(tmp_path / "good"), "ngram", "none")
+    free = ("ngram", "suffix:none", "none")
+    assert data["recommendation"]["draft"] in (str(tmp_path / "good"), *free)
     assert {"draft", "k", "predicted_speedup", "measured_speedup"} <= set(data["recommendation"])
     assert len(data["candidates"]) == len(specs)
     paths = write_report(report, tmp_path / "report")

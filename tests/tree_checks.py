@@ -39,7 +39,10 @@ def first_two_tokens_pvalue(
     accepted = 0
     for _ in range(runs):
         gen = engine.run(PROMPT, params, policy=FixedK(k), generator=generator)
-        counts[gen.tokens[0], gen.tokens[1]] += 1
+        # A first token that ends the text (EOS) has no second: any cell of its row will
+        # do, the row's expected counts (p(EOS) * runs in all) all fall in the pooled cell.
+        second_token = gen.tokens[1] if len(gen.tokens) > 1 else 0
+        counts[gen.tokens[0], second_token] += 1
         accepted += gen.accepted
     likely = expected >= 5
     observed = torch.cat((counts[likely], counts[~likely].sum().view(1)))

@@ -27,6 +27,7 @@ import torch
 from spectune.drafters.base import Drafter
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.feature_tree import FeatureTreeDrafter
+from spectune.drafters.hybrid import HybridDrafter
 from spectune.drafters.loading import (
     DraftMeta,
     feature_drafter_from_folder,
@@ -36,12 +37,20 @@ from spectune.drafters.loading import (
 )
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
+from spectune.drafters.suffix import SuffixDrafter
+from spectune.drafters.suffix_index import HistoryStore, SuffixIndex, tokenizer_fingerprint
 from spectune.drafters.tree import TreeDrafter, TreeGrower, TreeShape
-from spectune.errors import IncompatibleModelsError, InvalidParameterError, SpectuneWarning
+from spectune.errors import (
+    IncompatibleModelsError,
+    InvalidParameterError,
+    ModelLoadError,
+    SpectuneWarning,
+)
 from spectune.models.base import LanguageModel, ModelInfo, takes_tree_masks
 from spectune.models.loading import load_model, resolve_model_path
 from spectune.models.quant import QuantMode
 from spectune.models.vocab import TargetVocabModel
+from spectune.shipped import DEFAULT_SUFFIX_INDEX, shipped_drafts, shipped_suffix_index
 from spectune.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
@@ -52,12 +61,15 @@ __all__ = [
     "draft_tokenizer",
     "drafter_summary",
     "fresh_drafter",
+    "is_suffix_spec",
     "load_drafter",
+    "load_suffix_drafter",
     "load_target",
     "pairing_problems",
     "paired_model_drafter",
     "tree_drafter_for",
     "unchecked_vocabulary",
+    "with_history",
 ]
 
 MAX_VOCAB_DIFFERENCE = 128
@@ -229,10 +241,13 @@ def load_drafter(
     quantize: QuantMode = "none",
     device: torch.device | str = "cpu",
 ) -> Drafter | None:
-    """``None``/``none`` -> no drafter; ``ngram`` -> prompt lookup; else a draft model path or
-    shipped draft name, checked against the target before use. A draft model runs at the
-    target's precision (``quantize``: the same kernels keep the draft step cheap relative
-    to a quantised target) on the target's ``device``; a feature head on the CPU.
+    """``None``/``none`` -> no drafter; ``ngram`` -> prompt lookup; ``suffix[:INDEX]`` ->
+    suffix drafting (``load_suffix_drafter``); ``hybrid`` -> suffix and the shipped model
+    draft, ``suffix[:INDEX]+DRAFT`` -> suffix and that draft (``HybridDrafter``); else a
+    draft model path or shipped draft name, checked against the target before use. A draft
+    model runs at the target's precision (``quantize``: the same kernels keep the draft step
+    cheap relative to a quantised target) on the target's ``device``; a feature head on the
+    CPU.
 
     ``trust_draft_vocab`` pairs a draft without a tokenizer, warning (``SpectuneWarning``)
     that its token strings were not compared; ``allow_missing_weights``: see
@@ -241,6 +256,27 @@ def load_drafter(
         return None
     if spec == "ngram":
         return NgramDrafter()
+    if spec == "hybrid":
+        drafts = shipped_drafts()
+        if not drafts:
+            raise InvalidParameterError("'hybrid' needs a shipped draft; use suffix+DRAFT")
+        spec = f"suffix+{drafts[0]}"
+    if is_suffix_spec(spec):
+        suffix_spec, plus, model_spec = spec.partition("+")
+        suffix = load_suffix_drafter(suffix_spec.partition(":")[2], target)
+        if not plus:
+            return suffix
+        other = load_drafter(
+            model_spec,
+            target,
+            dtype=dtype,
+            runtime=runtime,
+            allow_missing_weights=allow_missing_weights,
+            trust_draft_vocab=trust_draft_vocab,
+        )
+        if other is None or isinstance(other, SuffixDrafter | HybridDrafter):
+            raise InvalidParameterError(f"'{spec}': after '+' comes a draft model or 'ngram'")
+        return HybridDrafter(suffix, other)
     path = resolve_model_path(spec)
     meta = read_draft_meta(path)
     if meta is not None and meta.kind == "feature":
@@ -271,6 +307,44 @@ def load_drafter(
             stacklevel=2,
         )
     return paired_model_drafter(path, model, meta, target.model)
+
+
+def is_suffix_spec(spec: str) -> bool:
+    """``suffix``, ``suffix:INDEX``, ``suffix[:INDEX]+DRAFT`` or ``hybrid`` (not a path)."""
+    return spec in ("suffix", "hybrid") or spec.startswith(("suffix:", "suffix+"))
+
+
+def load_suffix_drafter(index: str, target: Loaded) -> SuffixDrafter:
+    """A suffix drafter over ``index``: empty -> the shipped index of the default target,
+    a shipped index name, a path to an index file, or ``none`` (this request's context
+    only). The index must have been built with the target's vocabulary."""
+    if index == "none":
+        return SuffixDrafter(None, name="suffix:none")
+    name = index or DEFAULT_SUFFIX_INDEX
+    path = shipped_suffix_index(name) or Path(name)
+    if not path.is_file():
+        raise ModelLoadError(
+            f"no suffix index '{name}' (not a shipped index name nor a file); build one "
+            "with 'spectune suffix-index'"
+        )
+    loaded = SuffixIndex.load(path)
+    loaded.check_vocabulary(
+        target.model.info.vocab_size,
+        tokenizer_fingerprint(target.tokenizer.token_strings()),
+        target.model.info.name,
+    )
+    return SuffixDrafter(loaded, name="suffix" if not index else f"suffix:{path.stem}")
+
+
+def with_history(drafter: Drafter | None, history: HistoryStore | None) -> Drafter | None:
+    """A suffix or hybrid drafter that also drafts from (and files outputs in) ``history``,
+    a server's store of earlier outputs; other drafters as they are."""
+    if isinstance(drafter, SuffixDrafter):
+        return drafter.with_history(history)
+    if isinstance(drafter, HybridDrafter):
+        suffix = drafter.suffix.with_history(history)
+        return HybridDrafter(suffix, drafter.model, drafter.stats, name=drafter.name)
+    return drafter
 
 
 def tree_drafter_for(
@@ -307,6 +381,12 @@ def fresh_drafter(drafter: Drafter) -> Drafter:
         return FeatureDrafter(drafter.head, drafter.vocab_subset, name=drafter.name)
     if isinstance(drafter, NgramDrafter):
         return NgramDrafter()
+    if isinstance(drafter, SuffixDrafter):
+        return drafter.fresh()
+    if isinstance(drafter, HybridDrafter):
+        return HybridDrafter(
+            drafter.suffix.fresh(), fresh_drafter(drafter.model), drafter.stats, name=drafter.name
+        )
     raise InvalidParameterError(f"cannot copy a {type(drafter).__name__} drafter")
 
 
@@ -317,6 +397,12 @@ def drafter_summary(drafter: Drafter | None) -> str:
         return "none (plain decoding)"
     if isinstance(drafter, NgramDrafter):
         return "ngram (prompt lookup)"
+    if isinstance(drafter, SuffixDrafter):
+        index = drafter.index
+        corpus = "no corpus" if index is None else f"{index.header.tokens} corpus tokens"
+        return f"{drafter.name} (suffix lookup, {corpus})"
+    if isinstance(drafter, HybridDrafter):
+        return f"{drafter.name} (suffix lookup or {drafter_summary(drafter.model)}, per step)"
     if isinstance(drafter, FeatureTreeDrafter | TreeDrafter):
         shape = drafter.shape
         inner = drafter.drafter if isinstance(drafter, FeatureTreeDrafter) else drafter.model

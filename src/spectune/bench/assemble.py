@@ -34,7 +34,13 @@ from spectune.models.llama import LlamaConfig, LlamaLM
 from spectune.models.loading import resolve_model_path, save_native
 from spectune.models.quant import PRECISIONS, quantize_net
 from spectune.models.toy import toy_model
-from spectune.pairing import Loaded, load_drafter, load_target, tree_drafter_for
+from spectune.pairing import (
+    Loaded,
+    is_suffix_spec,
+    load_drafter,
+    load_target,
+    tree_drafter_for,
+)
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -253,6 +259,10 @@ def load_workbench(
             drafter_model = LlamaLM(model.net.to(dtype=dtype, device=device), name="random")
             quantize_net(drafter_model.net, quantize)
             drafts.append(DraftSource("random", ModelDrafter(drafter_model), assistant))
+        elif is_suffix_spec(spec):
+            suffix = load_drafter(spec, loaded, dtype=dtype, runtime="native")
+            if suffix is not None:  # no transformers counterpart: no HF systems for it
+                drafts.append(DraftSource(spec, suffix))
         else:
             drafter = load_drafter(
                 spec, loaded, dtype=dtype, runtime="native", quantize=quantize, device=device

@@ -24,13 +24,14 @@ from spectune.cli import (
     report,
     select,
     serve,
+    suffix,
 )
 from spectune.cli.common import print_warning
 from spectune.errors import SpectuneError, SpectuneWarning
 
 __all__ = ["main"]
 
-COMMANDS = (generate, report, bench, corpus, distill, select, experiment, serve, export)
+COMMANDS = (generate, report, bench, corpus, distill, select, experiment, serve, export, suffix)
 
 
 class UsageError(SpectuneError):

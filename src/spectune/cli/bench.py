@@ -47,7 +47,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=None,
         help="drafter (repeatable): a draft model path or shipped name, 'ngram', or 'random' "
-        "(a useless random-weight draft). Default: every shipped draft, and ngram",
+        "(a useless random-weight draft), 'suffix[:INDEX]', 'hybrid' or 'suffix+DRAFT'. "
+        "Default: every shipped draft, and ngram",
     )
     parser.add_argument("--prompts", type=Path, default=None, help="JSONL prompt file")
     parser.add_argument("--categories", default=None, help="comma-separated categories to keep")
@@ -95,12 +96,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from spectune.devices import resolve_device
     from spectune.engine import validate_k
     from spectune.models.loading import resolve_model_path
+    from spectune.pairing import is_suffix_spec
     from spectune.shipped import shipped_drafts
 
     drafters = tuple(args.draft) if args.draft else (*shipped_drafts(), "ngram")
     # Missing model files fail now, before minutes of loading.
     for ref in (args.target, *drafters):
-        if ref not in ("ngram", "random"):
+        if ref not in ("ngram", "random") and not is_suffix_spec(ref):
             resolve_model_path(ref)
     return BenchConfig(
         target=args.target,

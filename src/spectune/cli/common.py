@@ -45,7 +45,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft",
         default=None,
-        help="drafter: a draft model (.gguf, HF folder, shipped draft name), 'ngram' or 'none'",
+        help="drafter: a draft model (.gguf, HF folder, shipped draft name), 'ngram', "
+        "'suffix[:INDEX]' (suffix drafting; docs/suffix.md), 'hybrid' or 'suffix+DRAFT', "
+        "or 'none'",
     )
     parser.add_argument("--runtime", default="auto", choices=("auto", "native", "hf"))
     add_precision_args(parser)

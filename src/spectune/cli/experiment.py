@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
         "experiment",
         help="measure trees vs chains, batching, chunked verification, runtimes",
     )
-    parser.add_argument("which", choices=("tree", "batch", "chunked", "runtimes"))
+    parser.add_argument("which", choices=("tree", "batch", "chunked", "runtimes", "history"))
     parser.add_argument("--toy", action="store_true", help="toy models: seconds, for checks")
     parser.add_argument("--target", default="default")
     parser.add_argument(
@@ -76,12 +76,18 @@ def register(subparsers: Any) -> None:
     chunked = parser.add_argument_group("chunked")
     chunked.add_argument("--ks", type=_ints, default=(4, 8))
     chunked.add_argument("--groups", type=_ints, default=(2,))
-    chunked.add_argument("--temperature", type=float, default=0.0)
+    chunked.add_argument("--temperature", type=float, default=0.0, help="(chunked, history)")
     runtimes = parser.add_argument_group("runtimes")
     runtimes.add_argument(
         "--precisions",
         default="fp32,bf16,int8,int4",
         help="comma-separated, the first is the reference (runtimes; test prompts)",
+    )
+    history = parser.add_argument_group("history (suffix drafting across requests)")
+    history.add_argument("--requests", type=int, default=100, help="requests served in turn")
+    history.add_argument("--window", type=int, default=50, help="requests per reported window")
+    history.add_argument(
+        "--history-tokens", type=int, default=262_144, help="history budget (0: no history)"
     )
     parser.set_defaults(run=run)
 
@@ -105,7 +111,12 @@ def run(args: argparse.Namespace) -> int:
     setup = (
         toy_setup()
         if args.toy
-        else load_setup(args.target, args.draft, per_category=args.per_category)
+        else load_setup(
+            args.target,
+            args.draft,
+            per_category=args.per_category,
+            any_drafter=args.which == "history",
+        )
     )
     report: dict[str, Any] = {
         "setup": setup.description,
@@ -116,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         report["tree_vs_chain"] = _tree(setup, args)
     elif args.which == "batch":
         report.update(_batch(setup, args))
+    elif args.which == "history":
+        report["history"] = _history(setup, args)
     else:
         report.update(_chunked(setup, args))
     _write(args.out, report)
@@ -138,6 +151,34 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     for row in rows:
         table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
     Console().print(table)
+
+
+def _history(setup: Setup, args: argparse.Namespace) -> list[dict[str, float | int | str]]:
+    from spectune.experiments.history import history_acceptance
+
+    windows = history_acceptance(
+        setup,
+        requests=args.requests,
+        window=args.window,
+        history_tokens=args.history_tokens,
+        max_tokens=args.max_tokens or 64,
+        temperature=args.temperature,
+    )
+    _table(
+        f"Acceptance as outputs accumulate ({setup.description}, K=4, T={args.temperature})",
+        ["requests", "drafted", "accepted", "acceptance", "tokens/step"],
+        [
+            [
+                w.label.removeprefix("requests "),
+                w.drafted,
+                w.accepted,
+                w.acceptance,
+                w.mean_accepted_length,
+            ]
+            for w in windows
+        ],
+    )
+    return [w.as_dict() for w in windows]
 
 
 def _tree(setup: Setup, args: argparse.Namespace) -> list[dict[str, object]]:

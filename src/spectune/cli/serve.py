@@ -27,9 +27,11 @@ from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.config import PolicySpec
 from spectune.control.registry import build_policy
+from spectune.drafters.suffix_index import HistoryStore
 from spectune.errors import InvalidParameterError
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
+from spectune.pairing import with_history
 from spectune.sampling import SamplingParams
 from spectune.server.engines import (
     DEFAULT_DRAFT_DEADLINE,
@@ -77,6 +79,13 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_DRAFT_DEADLINE,
         help="seconds a draft pass may take before the batch steps on without drafts "
         f"(a hung drafter; 0 = no deadline; default {DEFAULT_DRAFT_DEADLINE:g})",
+    )
+    parser.add_argument(
+        "--suffix-history-tokens",
+        type=int,
+        default=262_144,
+        help="suffix/hybrid drafts also draw on earlier requests' outputs, up to this many "
+        "tokens (oldest evicted first; 0: off)",
     )
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -147,7 +156,11 @@ def _serve(
     from spectune.server import ServedModel, Service, create_app
     from spectune.server.metrics import ServerMetrics
 
+    if args.suffix_history_tokens < 0:
+        raise InvalidParameterError("--suffix-history-tokens must be >= 0")
     target, drafter = load_models(args)
+    if args.suffix_history_tokens > 0:
+        drafter = with_history(drafter, HistoryStore(args.suffix_history_tokens))
     draft = DraftSource.from_drafter(drafter)
 
     def default_policy(params: SamplingParams) -> KPolicy:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spectune.errors import InvalidParameterError
+from spectune.jsonl import read_json_lines
 
 __all__ = ["CorpusItem", "read_prompt_files", "read_reference_chats"]
 
@@ -157,13 +158,7 @@ def read_prompt_files(
         if not path.is_file():
             raise InvalidParameterError(f"corpus file not found: {path}")
         if path.suffix == ".jsonl":
-            for number, line in enumerate(path.read_text().splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InvalidParameterError(f"{path}:{number}: not JSON ({exc})") from exc
+            for _, record in read_json_lines(path):
                 if not isinstance(record, dict):
                     continue
                 item = _item_from_record(record)

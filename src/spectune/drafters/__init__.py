@@ -3,9 +3,11 @@
 from spectune.drafters.base import Draft, Drafter, TargetFeatures
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.feature_tree import FeatureTreeDrafter
+from spectune.drafters.hybrid import HybridDrafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.scripted import FailingDrafter, ScriptedDrafter
+from spectune.drafters.suffix import SuffixDrafter
 from spectune.drafters.tree import TreeDrafter, TreeShape
 
 __all__ = [
@@ -14,9 +16,11 @@ __all__ = [
     "FailingDrafter",
     "FeatureDrafter",
     "FeatureTreeDrafter",
+    "HybridDrafter",
     "ModelDrafter",
     "NgramDrafter",
     "ScriptedDrafter",
+    "SuffixDrafter",
     "TargetFeatures",
     "TreeDrafter",
     "TreeShape",

@@ -87,6 +87,11 @@ class DecodeStats:
         return self.tokens / self.steps if self.steps else 0.0
 
     @property
+    def acceptance(self) -> float:
+        """Accepted draft tokens / drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
@@ -101,6 +106,7 @@ class DecodeStats:
             "steps": self.steps,
             "drafted": self.drafted,
             "accepted": self.accepted,
+            "acceptance": round(self.acceptance, 4),
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "target_tokens_per_step": round(self.target_tokens_per_step, 3),
             "tokens_per_second": round(self.tokens_per_second, 3),
@@ -180,11 +186,12 @@ def load_setup(
     *,
     per_category: int = 1,
     split: str | None = "dev",
+    any_drafter: bool = False,
 ) -> Setup:
     """The real configuration: target, draft model, and the evaluation prompts (chat
     template applied), ``per_category`` prompts of each category. ``draft_ref``: a path or
     shipped draft name, ``auto`` (the first shipped draft), or a stand-in (``layers:N``,
-    ``noise:X``)."""
+    ``noise:X``); with ``any_drafter`` also ``ngram``, ``suffix``, ``hybrid``."""
     from spectune.pairing import load_drafter, load_target
     from spectune.prompts import load_prompts
     from spectune.shipped import shipped_drafts
@@ -202,7 +209,7 @@ def load_setup(
         draft = ModelDrafter(stand_in_draft(target.model, draft_ref))
     else:
         draft = load_drafter(draft_ref, target)
-        if not isinstance(draft, ModelDrafter | FeatureDrafter):
+        if draft is None or not (any_drafter or isinstance(draft, ModelDrafter | FeatureDrafter)):
             raise InvalidParameterError(
                 "experiments need a draft model or feature head, not 'ngram' or 'none'"
             )

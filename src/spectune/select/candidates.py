@@ -9,15 +9,24 @@ from dataclasses import dataclass
 import torch
 
 from spectune.drafters.base import Drafter
+from spectune.drafters.hybrid import HybridDrafter
 from spectune.drafters.loading import (
     feature_drafter_from_folder,
     read_draft_meta,
 )
+from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import SpectuneError
 from spectune.models.loading import load_model, resolve_model_path
 from spectune.models.quant import PRECISIONS, Precision
-from spectune.pairing import Loaded, draft_tokenizer, paired_model_drafter, pairing_problems
+from spectune.pairing import (
+    Loaded,
+    draft_tokenizer,
+    is_suffix_spec,
+    load_drafter,
+    paired_model_drafter,
+    pairing_problems,
+)
 
 __all__ = ["Candidate", "SizeBand", "resolve_candidate", "size_band"]
 
@@ -51,7 +60,7 @@ def size_band(draft_parameters: int | None, target_parameters: int) -> SizeBand:
 @dataclass(frozen=True)
 class Candidate:
     spec: str
-    kind: str  # "ngram" | "model" | "distilled-lm" | "feature" | "unknown"
+    kind: str  # "ngram" | "suffix" | "model" | "distilled-lm" | "feature" | "unknown"
     drafter: Drafter | None  # None when incompatible or unloadable
     num_parameters: int | None  # parameters a draft step computes with
     problems: tuple[str, ...]  # why it cannot serve the target (empty: compatible)
@@ -59,6 +68,14 @@ class Candidate:
     @property
     def compatible(self) -> bool:
         return self.drafter is not None and not self.problems
+
+
+def _suffix_candidate(spec: str, target: Loaded, trust_draft_vocab: bool) -> Candidate:
+    drafter = load_drafter(spec, target, trust_draft_vocab=trust_draft_vocab)
+    inner = drafter.model if isinstance(drafter, HybridDrafter) else None
+    # What a draft step computes with: the hybrid's draft model (a lookup: nothing).
+    count = inner.model.info.num_parameters if isinstance(inner, ModelDrafter) else None
+    return Candidate(spec, "suffix", drafter, count, ())
 
 
 def resolve_candidate(
@@ -72,6 +89,8 @@ def resolve_candidate(
     if spec == "ngram":
         return Candidate(spec, "ngram", NgramDrafter(), None, ())
     try:
+        if is_suffix_spec(spec):
+            return _suffix_candidate(spec, target, trust_draft_vocab)
         path = resolve_model_path(spec)
         meta = read_draft_meta(path)
         if meta is not None and meta.kind == "feature":

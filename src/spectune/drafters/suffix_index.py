@@ -1,0 +1,376 @@
+"""Token indexes for suffix drafting: where did the context's tail occur, and what followed.
+
+Three sources answer the same question, "the longest tail of the context seen before, and
+every place it ended" (a ``Match``):
+
+- ``SuffixIndex``: a static corpus (the target's own earlier answers), as a suffix array
+  over the *reversed* token stream. Reading the corpus backwards from a position is reading
+  a reversed suffix forwards, so the ranges of occurrences of the context's last 1, 2, 3, ...
+  tokens are nested: each longer tail is a binary search inside the previous range. The
+  array is sorted only ``max_depth`` tokens deep (matches are capped there), by prefix
+  doubling in numpy. Memory: the tokens plus one int32 position per token.
+- ``scan_matches``: the same answer by a vectorised scan, for the small sources that change
+  every step (this request's prompt and output) or every request (``HistoryStore``).
+- ``HistoryStore``: the outputs of a server's earlier requests, oldest evicted first once
+  the store holds more than its token budget.
+
+All sources store documents concatenated with ``SEP`` (-1) between them (and at both
+ends), so no match or continuation crosses a document boundary: a query never contains SEP.
+``continuation`` walks from a match to its most frequent continuation; it is shared by all
+sources.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from spectune.errors import IncompatibleModelsError, InvalidParameterError, ModelLoadError
+
+__all__ = [
+    "INDEX_FORMAT",
+    "SEP",
+    "HistoryStore",
+    "Match",
+    "SuffixIndex",
+    "Document",
+    "continuation",
+    "scan_matches",
+    "tokenizer_fingerprint",
+]
+
+SEP = -1  # document separator; never a token id
+INDEX_FORMAT = "spectune-suffix-index"
+INDEX_VERSION = 1
+DEFAULT_MAX_DEPTH = 32  # longest tail matched, in tokens
+# Below this many candidates the binary search hands over to a vectorised filter.
+_SCAN_BELOW = 48
+# A match keeps at most this many occurrences, evenly spaced over all of them: the
+# continuation's frequencies are estimated from a sample of very common tails (bounded cost).
+MAX_OCCURRENCES = 512
+
+IntArray = npt.NDArray[np.int64]
+TokenArray = npt.NDArray[np.int32]
+Document = Sequence[int] | npt.NDArray[np.integer]  # one text's token ids
+
+
+@dataclass(frozen=True)
+class Match:
+    """The longest tail of a context found in one source, and where it occurred.
+
+    ``tokens[e]`` is the last token of each occurrence ``e`` in ``ends``; what followed it
+    starts at ``tokens[e + 1]`` (SEP where its document ended).
+    """
+
+    length: int  # tokens of the context's tail matched (>= 1)
+    ends: IntArray  # [occurrences] indices into ``tokens``
+    tokens: TokenArray  # [n] the source's SEP-separated token stream
+
+
+def _join(documents: Iterable[Document], front_pad: int) -> TokenArray:
+    """Documents as one SEP-separated stream: ``front_pad`` SEPs, doc, SEP, doc, ..., SEP."""
+    parts: list[npt.NDArray[np.int32]] = [np.full(max(front_pad, 1), SEP, dtype=np.int32)]
+    sep = np.full(1, SEP, dtype=np.int32)
+    for doc in documents:
+        array = np.asarray(doc, dtype=np.int64)
+        if array.size == 0:
+            continue
+        if array.ndim != 1 or int(array.min()) < 0 or int(array.max()) > np.iinfo(np.int32).max:
+            raise InvalidParameterError("documents must be sequences of non-negative token ids")
+        parts.extend((array.astype(np.int32), sep))
+    return np.concatenate(parts)
+
+
+def scan_matches(
+    tokens: TokenArray, tail: Sequence[int], max_depth: int, limit: int | None = None
+) -> Match | None:
+    """The longest suffix of ``tail`` (at most ``max_depth`` tokens) that occurs in
+    ``tokens`` with a token (not SEP) after it, by a vectorised scan. ``limit``: only occurrences
+    ending before this index count (the stream's own tail is not a match of itself)."""
+    if not tail:
+        return None
+    stop = len(tokens) - 1 if limit is None else min(limit, len(tokens) - 1)
+    ends = np.flatnonzero((tokens[:stop] == tail[-1]) & (tokens[1 : stop + 1] != SEP))
+    if ends.size == 0:
+        return None
+    length = 1
+    for depth in range(1, min(max_depth, len(tail))):
+        back = ends - depth
+        keep = ends[(back >= 0) & (tokens[np.maximum(back, 0)] == tail[-1 - depth])]
+        if keep.size == 0:
+            break
+        ends, length = keep, depth + 1
+    return Match(length, _thin(ends), tokens)
+
+
+def _thin(ends: npt.NDArray[np.integer]) -> IntArray:
+    """At most MAX_OCCURRENCES of ``ends``, evenly spaced, as int64."""
+    if ends.size > MAX_OCCURRENCES:
+        ends = ends[np.linspace(0, ends.size - 1, MAX_OCCURRENCES).astype(np.int64)]
+    return ends.astype(np.int64)
+
+
+def continuation(match: Match, max_tokens: int, min_prob: float) -> tuple[list[int], list[float]]:
+    """The most frequent continuation of ``match``, token by token, with the corpus estimate
+    of each prefix's probability: ``probs[j]`` = (occurrences continuing with tokens[:j+1])
+    / (all occurrences). Stops at ``max_tokens``, where every occurrence's document ended,
+    or before ``probs`` would fall below ``min_prob``. Ties go to the smaller token id."""
+    ends = match.ends
+    total = ends.size
+    tokens: list[int] = []
+    probs: list[float] = []
+    for step in range(1, max_tokens + 1):
+        following = match.tokens[ends + step]  # in bounds: every document ends with SEP
+        if (following == following[0]).all():  # the common case once the path narrows
+            if following[0] < 0:
+                break
+            best, prob = int(following[0]), following.size / total
+        else:
+            values, counts = np.unique(following[following >= 0], return_counts=True)
+            if counts.size == 0:
+                break
+            top = int(counts.argmax())  # the first maximum: the smallest id among ties
+            best, prob = int(values[top]), int(counts[top]) / total
+        if prob < min_prob:
+            break
+        tokens.append(best)
+        probs.append(prob)
+        ends = ends[following == best]
+    return tokens, probs
+
+
+def tokenizer_fingerprint(token_strings: Sequence[str]) -> str:
+    """A short hash of the whole vocabulary (id -> string): indexes built with one tokenizer
+    are rejected by targets with another."""
+    digest = hashlib.sha256("\x00".join(token_strings).encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()[:16]
+
+
+def _reversed_order(reversed_tokens: TokenArray, depth: int) -> IntArray:
+    """Start positions of ``reversed_tokens``' suffixes sorted by their first ``depth``
+    tokens (prefix doubling: after the round with span h, ranks order the first 2h)."""
+    size = len(reversed_tokens)
+    rank = (reversed_tokens.astype(np.int64) + 1).copy()  # SEP -> 0, the smallest
+    span = 1
+    while span < depth:
+        shifted = np.zeros(size, dtype=np.int64)
+        shifted[: size - span] = rank[span:]
+        keys = rank * (int(rank.max()) + 1) + shifted
+        _, rank = np.unique(keys, return_inverse=True)
+        rank = rank.astype(np.int64)
+        span *= 2
+    return np.argsort(rank, kind="stable")
+
+
+@dataclass(frozen=True)
+class IndexHeader:
+    """What an index file says about itself; ``vocab_size`` and ``tokenizer`` must match
+    the target's."""
+
+    vocab_size: int
+    tokenizer: str  # tokenizer_fingerprint of the vocabulary the corpus was tokenized with
+    target: str  # the model whose answers were indexed (informative)
+    documents: int
+    tokens: int  # corpus tokens, separators excluded
+    max_depth: int
+    source: str  # where the corpus came from (informative)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": INDEX_FORMAT, "version": INDEX_VERSION, **vars(self)})
+
+
+class SuffixIndex:
+    """A static corpus index: the longest tail of a context in the corpus, in O(depth log n).
+
+    ``tokens``: the SEP-separated stream, padded in front with ``max_depth`` SEPs so that
+    reading backwards never leaves the array. ``order``: every position ``e`` holding a
+    token with a token after it (nothing else can be continued), sorted by the tokens
+    read backwards from it (``tokens[e], tokens[e-1], ...``), to ``max_depth`` tokens.
+    """
+
+    def __init__(self, tokens: TokenArray, order: TokenArray, header: IndexHeader) -> None:
+        self.tokens = tokens
+        self.order = order
+        self.header = header
+        self.max_depth = header.max_depth
+        self._heads = tokens[order]  # [positions] sorted: the first key, searched in numpy
+        # memoryviews index to Python ints far faster than numpy scalars (the bisect loop)
+        self._tokens_view = tokens.data
+        self._order_view = order.data
+
+    @classmethod
+    def build(
+        cls,
+        documents: Iterable[Document],
+        *,
+        vocab_size: int,
+        tokenizer: str,
+        target: str = "",
+        source: str = "",
+        max_depth: int = DEFAULT_MAX_DEPTH,
+    ) -> SuffixIndex:
+        if max_depth < 1:
+            raise InvalidParameterError(f"max_depth must be >= 1, got {max_depth}")
+        docs = [doc for doc in documents if len(doc) > 0]
+        tokens = _join(docs, front_pad=max_depth)
+        if len(tokens) > max_depth + 1 and int(tokens.max()) >= vocab_size:
+            raise InvalidParameterError(
+                f"token id {int(tokens.max())} is outside the vocabulary ({vocab_size})"
+            )
+        size = len(tokens)
+        starts = _reversed_order(tokens[::-1].copy(), max_depth)
+        ends = size - 1 - starts  # reversed start s reads tokens backwards from size-1-s
+        # Only positions with a token after them can be continued: the rest are left out.
+        order = ends[(tokens[ends] != SEP) & (tokens[np.minimum(ends + 1, size - 1)] != SEP)]
+        order = order.astype(np.int32)
+        header = IndexHeader(
+            vocab_size=vocab_size,
+            tokenizer=tokenizer,
+            target=target,
+            documents=len(docs),
+            tokens=int(sum(len(d) for d in docs)),
+            max_depth=max_depth,
+            source=source,
+        )
+        return cls(tokens, order, header)
+
+    def find(self, tail: Sequence[int]) -> Match | None:
+        """The longest suffix of ``tail`` (at most ``max_depth`` tokens) in the corpus."""
+        if not tail:
+            return None
+        last = np.int32(tail[-1])  # a Python int would make numpy copy the whole array
+        lo = int(np.searchsorted(self._heads, last, "left"))
+        hi = int(np.searchsorted(self._heads, last, "right"))
+        if lo == hi:
+            return None
+        tokens, order = self._tokens_view, self._order_view
+        depth = 1
+        # Binary search while the range is wide; each depth narrows inside the last range.
+        while depth < min(self.max_depth, len(tail)) and hi - lo > _SCAN_BELOW:
+            want = tail[-1 - depth]
+            back = depth
+
+            def key(i: int, back: int = back) -> int:
+                return int(tokens[order[i] - back])
+
+            new_lo = bisect.bisect_left(range(hi), want, lo, hi, key=key)
+            new_hi = bisect.bisect_right(range(hi), want, new_lo, hi, key=key)
+            if new_lo == new_hi:
+                return Match(depth, _thin(self.order[lo:hi]), self.tokens)
+            lo, hi, depth = new_lo, new_hi, depth + 1
+        ends = _thin(self.order[lo:hi])
+        # Few candidates left: filter them all at once, depth by depth.
+        while depth < min(self.max_depth, len(tail)):
+            keep = ends[self.tokens[ends - depth] == tail[-1 - depth]]
+            if keep.size == 0:
+                break
+            ends, depth = keep, depth + 1
+        return Match(depth, _thin(ends), self.tokens)
+
+    def save(self, path: Path) -> None:
+        """One ``.npz`` file: the header (JSON), the token stream and the order."""
+        with path.open("wb") as file:
+            np.savez_compressed(
+                file,
+                header=np.frombuffer(self.header.to_json().encode(), dtype=np.uint8),
+                tokens=self.tokens,
+                order=self.order,
+            )
+
+    @classmethod
+    def load(cls, path: Path) -> SuffixIndex:
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                raw = json.loads(bytes(data["header"]).decode())
+                tokens = np.ascontiguousarray(data["tokens"], dtype=np.int32)
+                order = np.ascontiguousarray(data["order"], dtype=np.int32)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"cannot read suffix index {path}: {exc}") from exc
+        if raw.get("format") != INDEX_FORMAT or raw.get("version") != INDEX_VERSION:
+            raise ModelLoadError(f"{path} is not a version {INDEX_VERSION} suffix index")
+        fields = {k: raw[k] for k in IndexHeader.__dataclass_fields__ if k in raw}
+        try:
+            header = IndexHeader(**fields)
+        except TypeError as exc:
+            raise ModelLoadError(f"suffix index {path}: incomplete header") from exc
+        return cls(tokens, order, header)
+
+    def check_vocabulary(self, vocab_size: int, fingerprint: str, target: str) -> None:
+        """Raise unless the index was built with this target's vocabulary."""
+        if self.header.vocab_size != vocab_size or self.header.tokenizer != fingerprint:
+            raise IncompatibleModelsError(
+                f"suffix index for '{self.header.target}' (vocabulary {self.header.vocab_size}, "
+                f"tokenizer {self.header.tokenizer}) cannot serve '{target}' (vocabulary "
+                f"{vocab_size}, tokenizer {fingerprint})"
+            )
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.tokens.nbytes + self.order.nbytes + self._heads.nbytes)
+
+
+class HistoryStore:
+    """Outputs of earlier requests, for a server: bounded by ``max_tokens``, oldest first out.
+
+    Shared by every request's drafter (one per server). ``add`` files a finished output
+    under a key (re-adding a key replaces it); ``find`` scans the concatenation, which is
+    rebuilt lazily after a change. A lock guards both: outputs are filed from whichever
+    thread drops a request's drafter, while another may be drafting.
+    """
+
+    def __init__(self, max_tokens: int = 262_144) -> None:
+        if max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self._docs: OrderedDict[int, TokenArray] = OrderedDict()
+        self._size = 0
+        self._stream: TokenArray | None = None
+        self.added = 0  # documents ever added (evicted ones included)
+        self._lock = threading.Lock()
+
+    def add(self, key: int, output: Document) -> None:
+        with self._lock:
+            self._add(key, output)
+
+    def _add(self, key: int, output: Document) -> None:
+        if key in self._docs:
+            self._size -= len(self._docs.pop(key))
+        doc = np.asarray(output, dtype=np.int32)[-self.max_tokens :]
+        if doc.size == 0:
+            return
+        self._docs[key] = doc
+        self._size += len(doc)
+        self.added += 1
+        while self._size > self.max_tokens:
+            _, oldest = self._docs.popitem(last=False)
+            self._size -= len(oldest)
+        self._stream = None
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    @property
+    def num_tokens(self) -> int:
+        return self._size
+
+    def documents(self) -> list[TokenArray]:
+        with self._lock:
+            return list(self._docs.values())
+
+    def find(self, tail: Sequence[int], max_depth: int) -> Match | None:
+        with self._lock:
+            if not self._docs:
+                return None
+            if self._stream is None:
+                self._stream = _join(self._docs.values(), front_pad=1)
+            stream = self._stream  # an add replaces the stream, never changes it in place
+        return scan_matches(stream, tail, max_depth)
