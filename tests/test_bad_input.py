@@ -203,6 +203,20 @@ CLI_CASES: list[tuple[str, str]] = [
     ("experiment batch --toy --sizes 0", "values must be >= 1"),
     ("experiment chunked --toy --ks 0", "values must be >= 1"),
     ("experiment tree --target /nonexistent", "model not found: /nonexistent"),
+    ("experiment history --toy --per-category 0", "--per-category must be >= 1"),
+    ("experiment runtimes --toy --max-tokens 0", "--max-tokens must be >= 1"),
+    # suffix-index
+    ("suffix-index /nonexistent -o @W/i.npz", "no corpus at /nonexistent"),
+    ("suffix-index @W/bad.jsonl -o @W/i.npz", "bad.jsonl:1"),
+    ("suffix-index @W -o @W/i.npz --split bogus", "argument --split: invalid choice"),
+    ("suffix-index @W -o @W/i.npz --max-depth 0", "--max-depth must be >= 1"),
+    ("suffix-index @W -o @W/i.npz --max-tokens 0", "--max-tokens must be >= 1"),
+    ("suffix-index @W -o @W", "is a folder"),
+    ("suffix-index @W -o @W/i.npz", "no answers to index"),
+    # devices and precisions, any model-loading command
+    ("generate hi --device tpu", "argument --device: invalid choice"),
+    ("generate hi --device cuda --target @T", "cuda"),
+    ("generate hi --dtype int4 --device cuda --target @T", "cuda"),
     # report
     ("report /nonexistent.jsonl", "cannot read trace"),
     ("report @W/garbage.txt", "garbage.txt:1"),

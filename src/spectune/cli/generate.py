@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tree_width is not None or args.tree_nodes is not None:
         drafter = tree_drafter(drafter, target.model, args)
     prompt = prompt_tokens(args, target.tokenizer)
+    trace = TraceWriter(args.trace) if args.trace else None  # a bad path fails before output
     print(f"spectune: {startup_line(drafter, spec)}", file=sys.stderr, flush=True)
     engine = SpeculativeEngine(target.model, drafter)
     info = {
@@ -174,7 +175,6 @@ def run(args: argparse.Namespace) -> int:
         "drafter": drafter.name if drafter else "none",
         "prompt_tokens": len(prompt),
     }
-    trace = TraceWriter(args.trace) if args.trace else None
     try:
         watch = Monitor(trace=trace, on_warning=print_warning).request(policy=policy, info=info)
         gen, text = decode(engine, target.tokenizer, prompt, params, policy, not args.json, watch)

@@ -35,7 +35,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--output", "-o", type=Path, required=True, help="index file (.npz)")
     parser.add_argument("--target", default="default", help="the model the corpus is from")
     parser.add_argument(
-        "--split", default="train", help="corpus split to index ('train', 'heldout' or 'all')"
+        "--split",
+        default="train",
+        choices=("train", "heldout", "all"),
+        help="corpus split to index",
     )
     parser.add_argument(
         "--max-tokens", type=int, default=None, help="stop adding answers past this many tokens"
@@ -61,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
     from spectune.pairing import load_target
 
     source: Path = args.source
+    for flag, value in (("--max-tokens", args.max_tokens), ("--max-depth", args.max_depth)):
+        if value is not None and value < 1:
+            raise InvalidParameterError(f"{flag} must be >= 1, got {value}")
+    if args.output.is_dir():
+        raise InvalidParameterError(f"--output {args.output} is a folder; give a file name")
     if source.is_dir():
         documents = _answers(source, args.split)
     elif source.is_file():
@@ -87,8 +95,11 @@ def run(args: argparse.Namespace) -> int:
         max_depth=args.max_depth,
     )
     seconds = time.perf_counter() - started
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    index.save(args.output)
+    try:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        index.save(args.output)
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot write {args.output}: {exc.strerror or exc}") from exc
     size = args.output.stat().st_size
     print(
         f"indexed {len(kept)} answers, {total} tokens in {seconds:.2f} s -> {args.output} "
