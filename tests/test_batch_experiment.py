@@ -43,12 +43,6 @@ def test_experiment_commands_run_on_toy_models(
     assert capsys.readouterr().out  # a table was printed
 
 
-def test_bad_experiment_arguments_exit_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["experiment", "tree", "--toy", "--budgets", "four"])
-    assert "comma-separated" in capsys.readouterr().err
-
-
 def point(batch: int, speculative: bool, seconds: float, k: int = 4) -> BatchPoint:
     return BatchPoint(batch, k if speculative else 0, tokens=100, steps=10, seconds=seconds)
 
