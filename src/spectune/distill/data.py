@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from spectune.distill.corpus import Answer
+from spectune.distill.corpus import Answer, read_answer_shard
 from spectune.distill.sources import CorpusItem
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
@@ -398,8 +398,6 @@ def build_answer_features(
     shard per answer shard under ``out/train`` and ``out/heldout`` (resumable: a shard is
     written whole or not at all, and ``out/done`` marks a finished answer shard). Answers
     are deduplicated by prompt across shards; held out are those the corpus holds out."""
-    from spectune.distill.corpus import read_answer_shard
-
     shards = sorted(answers_folder.glob("shard-*.safetensors"))[:max_shards]
     if not shards:
         raise InvalidParameterError(f"no answer shards in {answers_folder}")
