@@ -115,6 +115,34 @@ def test_greedy_spectune_systems_equal_plain(bench_run: Path) -> None:
     assert all(r["predicted_speedup"] is None for r in greedy if "tree" in r["system"])
 
 
+def test_acceptance_by_position_agrees_with_the_steps(bench_run: Path) -> None:
+    """Position 1's rate is recomputed from the raw steps; deeper positions are never tested
+    more often than shallower ones, and the table is in the report."""
+    data = json.loads((bench_run / "results.json").read_text())
+    rows = [
+        r
+        for r in data["rows"]
+        if r["system"] == "spectune draft K=3" and r["category"] == ALL and r["temperature"] == 0
+    ]
+    assert len(rows) == 1
+    by_position = rows[0]["acceptance_by_position"]
+    assert len(by_position) == 3
+    raw = [
+        m
+        for m in data["measurements"]
+        if m["system"] == "spectune draft K=3" and m["temperature"] == 0
+    ]
+    steps = [
+        (p, a) for m in raw for p, a in zip(m["step_positions"], m["step_accepted"], strict=True)
+    ]
+    tested = sum(1 for p, _ in steps if p >= 1)
+    assert by_position[0] == pytest.approx(sum(1 for p, a in steps if p >= 1 and a >= 1) / tested)
+    assert all(0 <= a <= 1 for a in by_position)
+    plain = next(r for r in data["rows"] if r["system"] == "spectune plain")
+    assert plain["acceptance_by_position"] == []
+    assert "Acceptance by draft position" in (bench_run / "results.md").read_text()
+
+
 def test_json_carries_every_markdown_cell(bench_run: Path) -> None:
     data = json.loads((bench_run / "results.json").read_text())
     markdown = (bench_run / "results.md").read_text().splitlines()

@@ -171,6 +171,7 @@ def markdown(data: dict[str, Any]) -> str:
                 ]
             )
         lines += _table(["system", *categories, ALL], body)
+        lines += _positions_section(subset, categories)
         lines += _head_to_head(overall, dtype, temperature)
     lines += _runtime_section(rows) + _curve_section(data["curves"])
     lines += ["", "## Greedy equality", ""]
@@ -189,6 +190,37 @@ def markdown(data: dict[str, Any]) -> str:
     if data["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in data["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _positions_section(subset: Sequence[RowData], categories: Sequence[str]) -> list[str]:
+    """Acceptance at each draft position (fixed-K chains): overall, then the first draft
+    token per category."""
+    chains = [r for r in subset if r["policy"] == "fixed" and r["acceptance_by_position"]]
+    overall = [r for r in chains if r["category"] == ALL]
+    if not overall:
+        return []
+    depth = max(len(r["acceptance_by_position"]) for r in overall)
+    by_key = {(r["system"], r["category"]): r for r in chains}
+    lines = [
+        "",
+        "Acceptance by draft position (fixed K; position 1 = the first draft token; "
+        "a tree counts its accepted path):",
+        "",
+    ]
+    lines += _table(
+        ["system", *(str(j) for j in range(1, depth + 1))],
+        [
+            [r["system"], *(_pct(a) for a in r["acceptance_by_position"])]
+            + [""] * (depth - len(r["acceptance_by_position"]))
+            for r in overall
+        ],
+    )
+    lines += ["", "First-token acceptance per category (fixed K):", ""]
+    body = []
+    for r in overall:
+        first = [by_key.get((r["system"], c), {}).get("acceptance_by_position") for c in categories]
+        body.append([r["system"], *(_pct(f[0]) if f else "—" for f in first)])
+    return lines + _table(["system", *categories], body)
 
 
 def _head_to_head(overall: Sequence[RowData], dtype: str, temperature: float) -> list[str]:

@@ -8,6 +8,9 @@ Glossary (per system, dtype, temperature and category; ``all`` pools every promp
                       transformers' generate() (x HF), same dtype, temperature, category.
 - acceptance rate     accepted / drafted draft tokens (a token tree counts its depth:
                       the most one step can keep, ``StepRecord.positions``).
+- by position         acceptance at draft position j (1-based): steps whose j-th draft token
+                      was kept / steps that tested a j-th position (vLLM's per-position
+                      counters); position 1 is the first-token acceptance.
 - accepted length     new tokens per target forward (accepted tokens plus the target's own).
 - draft share         drafting time / decode time (spectune) or / call time (transformers).
 - fallback rate       steps with a fallback reason / steps (spectune).
@@ -60,6 +63,7 @@ class Row:
     speedup_vs_plain: float | None
     speedup_vs_hf: float | None
     acceptance_rate: float | None
+    acceptance_by_position: tuple[float, ...]  # [j - 1]: acceptance at draft position j
     mean_accepted_length: float
     draft_share: float | None
     fallback_rate: float | None
@@ -175,6 +179,24 @@ def _decode_tps(group: Sequence[Measurement]) -> float | None:
     return sum(len(m.result.tokens) for m in group) / total if total > 0 else None
 
 
+def _by_position(group: Sequence[Measurement]) -> tuple[float, ...]:
+    """Acceptance at each draft position over the group's steps (module glossary)."""
+    tested: list[int] = []
+    kept: list[int] = []
+    for m in group:
+        for positions, accepted in zip(
+            m.result.step_positions, m.result.step_accepted, strict=True
+        ):
+            if positions > len(tested):
+                grow = positions - len(tested)
+                tested += [0] * grow
+                kept += [0] * grow
+            for j in range(positions):
+                tested[j] += 1
+                kept[j] += j < accepted
+    return tuple(k / t for k, t in zip(kept, tested, strict=True))
+
+
 def _bound(
     group: Sequence[Measurement], curve: CostCurve | None
 ) -> tuple[float | None, float | None, float | None]:
@@ -252,6 +274,7 @@ def _row(
             if speculative and all(d is not None for d in drafted) and any(drafted)
             else None
         ),
+        acceptance_by_position=_by_position(group) if speculative else (),
         mean_accepted_length=tokens / steps if steps else 0.0,
         draft_share=(
             sum(s or 0.0 for s in draft_seconds) / spend

@@ -67,6 +67,8 @@ class CallResult:
     decode_seconds: float | None = None  # time in decode steps (spectune only)
     ks: tuple[int, ...] = ()  # K asked for at every step (spectune only; 0 = a plain step)
     step_drafted: tuple[int, ...] = ()  # tokens actually drafted at every step (<= K)
+    step_positions: tuple[int, ...] = ()  # draft positions tested at every step (tree: depth)
+    step_accepted: tuple[int, ...] = ()  # draft tokens the target kept at every step
     fallback_steps: int = 0  # steps where speculation was off or cut short for a reason
 
 
@@ -128,6 +130,8 @@ class SpectuneSystem:
             decode_seconds=gen.decode_time,
             ks=tuple(s.k for s in gen.steps),
             step_drafted=tuple(s.drafted for s in gen.steps),
+            step_positions=tuple(s.positions for s in gen.steps),
+            step_accepted=tuple(s.accepted for s in gen.steps),
             fallback_steps=sum(1 for s in gen.steps if s.fallback is not None),
         )
 
