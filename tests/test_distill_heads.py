@@ -24,6 +24,7 @@ from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import toy_config, toy_model
 from spectune.sampling import SamplingParams
+from spectune.select.alpha import make_continuations, restate
 from tree_checks import first_two_tokens_pvalue
 
 ALPHA = 1e-4  # false-failure probability of the chi-square test
@@ -129,6 +130,29 @@ def test_fused_head_reads_the_exposed_layers(
     assert out.hidden is not None and out.hidden.shape[-1] == 2 * 32
     with pytest.raises(ValueError, match="width"):
         fused_drafter.head.target_input(torch.zeros(3, 32))  # the last state alone
+
+
+def test_fused_head_scales_each_layer_to_unit_rms(fused_drafter: FeatureDrafter) -> None:
+    """A layer with massive activations (as SmolLM2's middle layers have) weighs no more in
+    the fused feature than the same state at its ordinary size."""
+    states = torch.randn(4, 2 * 32, generator=torch.Generator().manual_seed(0))
+    loud = states.clone()
+    loud[:, :32] *= 1000.0  # layer 0's state, a thousand times larger
+    head = fused_drafter.head
+    with torch.no_grad():
+        torch.testing.assert_close(head.target_input(loud), head.target_input(states))
+
+
+def test_select_restates_continuations_for_a_fused_head() -> None:
+    """``select`` makes its continuations before loading candidates; a fused head loaded
+    afterwards gets them again with the layers it reads."""
+    target = toy_model(0)
+    [made] = make_continuations(target, [("p", "chat", [1, 5, 9])], 6)
+    assert made.hidden.shape[-1] == 32
+    target.expose_layers((0, 1))
+    [again] = restate(target, [made])
+    assert again.tokens == made.tokens
+    assert again.hidden.shape == (len(made.tokens) - 1, 64)
 
 
 def test_fused_head_keeps_greedy_output_and_drafts_well(

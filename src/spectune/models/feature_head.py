@@ -19,8 +19,9 @@ Drafting several tokens feeds ``f`` back where the target's ``h`` is not known y
 Multi-layer features (EAGLE-3): with ``feature_layers`` set, ``h[t]`` is not the last
 hidden state but ``fuse(concat(states of those target layers))``: the target exposes the
 concatenated states (``LlamaLM.expose_layers``) and ``target_input`` projects them to the
-head's width, so low and middle layers, which still carry what the next tokens will be,
-reach the head. Everything after the fusion is as above.
+head's width (each layer's state scaled to unit RMS first), so low and middle layers,
+which still carry what the next tokens will be, reach the head. Everything after the
+fusion is as above.
 
 The target's embedding and output rows are not parameters of the head: they are attached
 from the target at load time and never saved with it.
@@ -135,7 +136,15 @@ class FeatureHead(nn.Module):
                 f"{states.shape[-1]} (feature layers {self.cfg.feature_layers or 'last'})"
             )
         states = states.to(self.fc.weight.dtype)
-        return states if self.fuse is None else self.fuse(states)
+        if self.fuse is None:
+            return states
+        # Each layer's residual state is scaled to unit RMS before the projection: middle
+        # layers carry massive activations (SmolLM2's layer 15 reaches |x| ~ 25,000 on a few
+        # positions against an RMS of ~8), which would otherwise dominate fuse's gradients.
+        layers = states.reshape(*states.shape[:-1], len(self.cfg.feature_layers), -1)
+        scale = torch.rsqrt(layers.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
+        fused: Tensor = self.fuse((layers * scale).flatten(-2))
+        return fused
 
     def logits(self, features: Tensor) -> Tensor:
         """features: [..., hidden] -> [..., num_draft_tokens]."""

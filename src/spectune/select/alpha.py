@@ -14,6 +14,7 @@ own predicted features and are accepted less often.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from spectune.engine import SpeculativeEngine
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams, process_logits
 
-__all__ = ["AlphaEstimate", "Continuation", "estimate_alpha", "make_continuations"]
+__all__ = ["AlphaEstimate", "Continuation", "estimate_alpha", "make_continuations", "restate"]
 
 TEMPERATURES = (0.0, 0.7, 1.0)
 
@@ -45,6 +46,19 @@ class Continuation:
     def scored(self) -> range:
         """Positions whose next token is the target's: prompt_length - 1 .. len - 2."""
         return range(self.prompt_length - 1, len(self.tokens) - 1)
+
+
+@torch.inference_mode()
+def restate(target: LanguageModel, continuations: Sequence[Continuation]) -> list[Continuation]:
+    """The continuations with the states the target exposes now: a fused feature head
+    (``LlamaLM.expose_layers``) loaded after they were made reads several layers."""
+    result = []
+    for item in continuations:
+        cache = target.new_cache(capacity=len(item.tokens))
+        out = target.forward(torch.tensor([list(item.tokens[:-1])]), cache)
+        hidden = torch.zeros(len(item.tokens) - 1, 0) if out.hidden is None else out.hidden[0]
+        result.append(dataclasses.replace(item, hidden=hidden.float()))
+    return result
 
 
 @torch.inference_mode()

@@ -20,11 +20,19 @@ from spectune.costs import (
     measure_forward_curve,
     predicted_speedup,
 )
+from spectune.drafters.feature import FeatureDrafter
 from spectune.engine import validate_k
 from spectune.errors import InvalidParameterError
+from spectune.models.llama import LlamaLM
 from spectune.models.quant import PRECISIONS, Precision
 from spectune.pairing import Loaded
-from spectune.select.alpha import AlphaEstimate, Continuation, estimate_alpha, make_continuations
+from spectune.select.alpha import (
+    AlphaEstimate,
+    Continuation,
+    estimate_alpha,
+    make_continuations,
+    restate,
+)
 from spectune.select.candidates import Candidate, SizeBand, resolve_candidate, size_band
 from spectune.select.measure import RunMeasurement, measure_draft_cost, measure_runs
 
@@ -134,6 +142,12 @@ def _evaluate(
         return CandidateResult(
             candidate.spec, candidate.kind, candidate.problems, candidate.num_parameters, band
         )
+    if isinstance(drafter, FeatureDrafter) and isinstance(target.model, LlamaLM):
+        # A target serves one feature head at a time: candidates are scored one after the
+        # other, so each gets its own layers, and the states are re-recorded for them.
+        target.model.feature_layers = drafter.head.cfg.feature_layers
+        if continuations and continuations[0].hidden.shape[-1] != drafter.head.cfg.state_size:
+            continuations = restate(target.model, continuations)
     alpha = tuple(estimate_alpha(drafter, continuations, target.model, settings.temperatures))
     chosen = next((a for a in alpha if a.temperature == settings.decision_temperature), alpha[0])
     decision, coverage = chosen.overall, chosen.coverage
