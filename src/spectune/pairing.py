@@ -39,7 +39,7 @@ from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.suffix import SuffixDrafter
 from spectune.drafters.suffix_index import HistoryStore, SuffixIndex, tokenizer_fingerprint
-from spectune.drafters.tree import TreeDrafter, TreeGrower, TreeShape
+from spectune.drafters.tree import TreeDrafter, TreeShape
 from spectune.errors import (
     IncompatibleModelsError,
     InvalidParameterError,
@@ -347,10 +347,11 @@ def with_history(drafter: Drafter | None, history: HistoryStore | None) -> Draft
     return drafter
 
 
-def tree_drafter_for(
-    drafter: Drafter | None, target: LanguageModel, shape: TreeShape
-) -> TreeGrower:
-    """The tree-drafting form of a chain drafter: a draft model's or a feature head's.
+def tree_drafter_for(drafter: Drafter | None, target: LanguageModel, shape: TreeShape) -> Drafter:
+    """The tree-drafting form of a chain drafter: a draft model's or a feature head's; a
+    suffix drafter's tree of its top continuations (``shape.width`` children per node,
+    ``shape.nodes`` nodes; its own ``min_prob`` prunes, as the stricter of it and
+    ``shape.min_path_prob``).
 
     Target and draft model must take tree attention masks (``takes_tree_masks``: the native
     runtime, or a full-attention model through transformers); a feature head always does.
@@ -360,6 +361,8 @@ def tree_drafter_for(
             f"token trees: {target.info.name} cannot take a tree attention mask in this "
             "runtime (--runtime native can)"
         )
+    if isinstance(drafter, SuffixDrafter):
+        return drafter.with_tree(shape.width, shape.nodes, shape.min_path_prob)
     if isinstance(drafter, FeatureDrafter):
         return FeatureTreeDrafter(drafter, shape)
     if isinstance(drafter, ModelDrafter):
@@ -369,7 +372,9 @@ def tree_drafter_for(
                 "masks (--runtime native)"
             )
         return TreeDrafter(drafter.model, shape)
-    raise InvalidParameterError("token trees need a draft model or a feature-head draft")
+    raise InvalidParameterError(
+        "token trees need a draft model, a feature-head draft, or suffix drafting"
+    )
 
 
 def fresh_drafter(drafter: Drafter) -> Drafter:
