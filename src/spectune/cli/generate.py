@@ -53,7 +53,7 @@ def register(subparsers: Any) -> None:
         type=int,
         default=None,
         help="draft a token tree: children per expanded node (a draft model's, or the top "
-        "continuations of suffix drafting; K = depth)",
+        "continuations of suffix drafting, also inside a hybrid; K = depth)",
     )
     parser.add_argument(
         "--tree-nodes", type=int, default=None, help="node budget of a token tree (default 16)"
