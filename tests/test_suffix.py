@@ -344,6 +344,9 @@ def test_served_requests_draft_from_earlier_outputs() -> None:
     assert second.accepted > first.accepted and second.accepted > control.accepted
     assert second.mean_accepted_length > control.mean_accepted_length
     assert second.label == "requests 4-6"
+    # the lookup cost per drafting step is measured and reported with the window
+    assert second.draft_ms_mean > 0 and second.draft_ms_p99 > 0 and second.target_ms_mean > 0
+    assert second.as_dict()["draft_over_target"] == round(second.draft_over_target, 5)
 
 
 def test_server_drafts_from_earlier_requests(toy_target: LlamaLM, tmp_path: Path) -> None:
