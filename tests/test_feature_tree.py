@@ -154,4 +154,5 @@ def test_tree_drafter_for_picks_the_tree_form_or_says_why(
     from spectune.cli.generate import tree_drafter
 
     args = argparse.Namespace(tree_width=2, tree_nodes=None, tree_min_prob=0.0)
-    assert tree_drafter(fresh(toy_feature_drafter), toy_target, args).shape == TreeShape(2, 16)
+    tree = tree_drafter(fresh(toy_feature_drafter), toy_target, args)
+    assert isinstance(tree, FeatureTreeDrafter) and tree.shape == TreeShape(2, 16)

@@ -27,7 +27,7 @@ import torch
 from spectune.drafters.base import Drafter
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.feature_tree import FeatureTreeDrafter
-from spectune.drafters.hybrid import HybridDrafter
+from spectune.drafters.hybrid import HybridDrafter, SourceStats
 from spectune.drafters.loading import (
     DraftMeta,
     feature_drafter_from_folder,
@@ -39,7 +39,7 @@ from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.suffix import SuffixDrafter
 from spectune.drafters.suffix_index import HistoryStore, SuffixIndex, tokenizer_fingerprint
-from spectune.drafters.tree import TreeDrafter, TreeGrower, TreeShape
+from spectune.drafters.tree import TreeDrafter, TreeShape
 from spectune.errors import (
     IncompatibleModelsError,
     InvalidParameterError,
@@ -276,7 +276,7 @@ def load_drafter(
         )
         if other is None or isinstance(other, SuffixDrafter | HybridDrafter):
             raise InvalidParameterError(f"'{spec}': after '+' comes a draft model or 'ngram'")
-        return HybridDrafter(suffix, other)
+        return HybridDrafter(suffix, other, merge_greedy=takes_tree_masks(target.model))
     path = resolve_model_path(spec)
     meta = read_draft_meta(path)
     if meta is not None and meta.kind == "feature":
@@ -342,15 +342,15 @@ def with_history(drafter: Drafter | None, history: HistoryStore | None) -> Draft
     if isinstance(drafter, SuffixDrafter):
         return drafter.with_history(history)
     if isinstance(drafter, HybridDrafter):
-        suffix = drafter.suffix.with_history(history)
-        return HybridDrafter(suffix, drafter.model, drafter.stats, name=drafter.name)
+        return drafter.with_sources(suffix=drafter.suffix.with_history(history))
     return drafter
 
 
-def tree_drafter_for(
-    drafter: Drafter | None, target: LanguageModel, shape: TreeShape
-) -> TreeGrower:
-    """The tree-drafting form of a chain drafter: a draft model's or a feature head's.
+def tree_drafter_for(drafter: Drafter | None, target: LanguageModel, shape: TreeShape) -> Drafter:
+    """The tree-drafting form of a chain drafter: a draft model's or a feature head's; a
+    suffix drafter's tree of its top continuations (``shape.width`` children per node,
+    ``shape.nodes`` nodes; its own ``min_prob`` prunes, as the stricter of it and
+    ``shape.min_path_prob``), alone or as the suffix source of a hybrid.
 
     Target and draft model must take tree attention masks (``takes_tree_masks``: the native
     runtime, or a full-attention model through transformers); a feature head always does.
@@ -360,6 +360,12 @@ def tree_drafter_for(
             f"token trees: {target.info.name} cannot take a tree attention mask in this "
             "runtime (--runtime native can)"
         )
+    if isinstance(drafter, SuffixDrafter):
+        return drafter.with_tree(shape.width, shape.nodes, shape.min_path_prob)
+    if isinstance(drafter, HybridDrafter):
+        suffix = drafter.suffix.with_tree(shape.width, shape.nodes, shape.min_path_prob)
+        # its own statistics: a tree's acceptance is not the chain's it was made from
+        return drafter.with_sources(suffix=suffix, stats=SourceStats(drafter.stats.decay))
     if isinstance(drafter, FeatureDrafter):
         return FeatureTreeDrafter(drafter, shape)
     if isinstance(drafter, ModelDrafter):
@@ -369,7 +375,9 @@ def tree_drafter_for(
                 "masks (--runtime native)"
             )
         return TreeDrafter(drafter.model, shape)
-    raise InvalidParameterError("token trees need a draft model or a feature-head draft")
+    raise InvalidParameterError(
+        "token trees need a draft model, a feature-head draft, or suffix drafting"
+    )
 
 
 def fresh_drafter(drafter: Drafter) -> Drafter:
@@ -384,9 +392,7 @@ def fresh_drafter(drafter: Drafter) -> Drafter:
     if isinstance(drafter, SuffixDrafter):
         return drafter.fresh()
     if isinstance(drafter, HybridDrafter):
-        return HybridDrafter(
-            drafter.suffix.fresh(), fresh_drafter(drafter.model), drafter.stats, name=drafter.name
-        )
+        return drafter.with_sources(drafter.suffix.fresh(), fresh_drafter(drafter.model))
     raise InvalidParameterError(f"cannot copy a {type(drafter).__name__} drafter")
 
 
@@ -402,7 +408,10 @@ def drafter_summary(drafter: Drafter | None) -> str:
         corpus = "no corpus" if index is None else f"{index.header.tokens} corpus tokens"
         return f"{drafter.name} (suffix lookup, {corpus})"
     if isinstance(drafter, HybridDrafter):
-        return f"{drafter.name} (suffix lookup or {drafter_summary(drafter.model)}, per step)"
+        merged = "; at T = 0 both as one tree" if drafter.merge_greedy else ""
+        return (
+            f"{drafter.name} (suffix lookup or {drafter_summary(drafter.model)}, per step{merged})"
+        )
     if isinstance(drafter, FeatureTreeDrafter | TreeDrafter):
         shape = drafter.shape
         inner = drafter.drafter if isinstance(drafter, FeatureTreeDrafter) else drafter.model

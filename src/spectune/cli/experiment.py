@@ -166,7 +166,16 @@ def _history(setup: Setup, args: argparse.Namespace) -> list[dict[str, float | i
     )
     _table(
         f"Acceptance as outputs accumulate ({setup.description}, K=4, T={args.temperature})",
-        ["requests", "drafted", "accepted", "acceptance", "tokens/step"],
+        [
+            "requests",
+            "drafted",
+            "accepted",
+            "acceptance",
+            "tokens/step",
+            "draft ms",
+            "p99 ms",
+            "of target",
+        ],
         [
             [
                 w.label.removeprefix("requests "),
@@ -174,6 +183,9 @@ def _history(setup: Setup, args: argparse.Namespace) -> list[dict[str, float | i
                 w.accepted,
                 w.acceptance,
                 w.mean_accepted_length,
+                w.draft_ms_mean,
+                w.draft_ms_p99,
+                f"{w.draft_over_target:.2%}",
             ]
             for w in windows
         ],

@@ -19,7 +19,7 @@ from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
 from spectune.drafters.base import Drafter
-from spectune.drafters.tree import TreeGrower, TreeShape
+from spectune.drafters.tree import TreeShape
 from spectune.engine import Generation, SpeculativeEngine
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
@@ -52,7 +52,8 @@ def register(subparsers: Any) -> None:
         "--tree-width",
         type=int,
         default=None,
-        help="draft a token tree: children per expanded node (needs a draft model; K = depth)",
+        help="draft a token tree: children per expanded node (a draft model's, or the top "
+        "continuations of suffix drafting, also inside a hybrid; K = depth)",
     )
     parser.add_argument(
         "--tree-nodes", type=int, default=None, help="node budget of a token tree (default 16)"
@@ -120,8 +121,9 @@ def decode(
 
 def tree_drafter(
     drafter: Drafter | None, target: LanguageModel, args: argparse.Namespace
-) -> TreeGrower:
-    """The tree form of ``--draft`` (a draft model or a feature head; native runtime)."""
+) -> Drafter:
+    """The tree form of ``--draft`` (a draft model, a feature head, suffix drafting or a
+    hybrid's suffix source; native runtime)."""
     shape = TreeShape(
         width=args.tree_width if args.tree_width is not None else 2,
         nodes=args.tree_nodes if args.tree_nodes is not None else 16,

@@ -1,59 +1,117 @@
-"""Hybrid drafting: per step, the suffix draft or the model draft, chosen by measured acceptance.
+"""Hybrid drafting: per step, the suffix draft or the model draft, chosen by measured value
+per cost; at temperature 0, the model draft with the suffix draft merged in as branches.
 
 Each step the suffix drafter is asked first (it costs no forward). Its proposal has a
 **score** (expected accepted tokens under the corpus frequencies, ``spectune.drafters.
-suffix``); what it is worth is learned from what the target kept:
+suffix``; for a suffix tree, the sum of its path probabilities); what it is worth is
+learned from what the target kept:
 
-- ``suffix_calibration`` = running mean of accepted / score over suffix-drafted steps
-  (starts at 1: take the corpus at its word);
-- ``model_accepted`` = running mean of accepted tokens over model-drafted steps (starts
-  at 1 token per step, so a corpus guess worth less than one token goes to the model from
-  the start, and the model's rate gets measured even where the corpus always has a guess).
+- ``suffix_calibration`` = running mean of accepted / score over steps with a suffix
+  draft (starts at 1: take the corpus at its word);
+- ``model_accepted`` = running mean of accepted tokens over steps with a model draft
+  (starts at 1 token per step, so a corpus guess worth less than one token goes to the
+  model from the start, and the model's rate gets measured even where the corpus always
+  has a guess);
+- ``draft_cost`` c = one model draft token's time over one target step's, as the ``cost``
+  policy defines it (``spectune.control.cost``): running mean of the model's ``propose``
+  seconds per drafted token over the running mean of a step's target time, timed by the
+  hybrid as the span from its ``propose`` returning to the engine's ``commit`` (the
+  target forward and the verification; a drafter does not see the engine's step
+  records). A fixed ``draft_cost`` given at construction replaces the measurement.
+  Until a model step has been timed, c counts as 0.
 
-**Rule**: draft from the suffix source when it proposes something and
-``suffix_calibration * score >= model_accepted``, else from the model. Ties go to the
-suffix draft (it costs nothing to make). Running means are exponential with weight
-``1 - decay`` on the newest step. The counters are shared by a drafter's ``fresh`` copies,
-so a server learns across requests.
+**Rule** (value per cost, in tokens per target-step time): a step emits its accepted
+tokens plus one, and costs one target step plus, for a model draft of k tokens, k draft
+steps of relative cost c (the suffix lookup costs well under 1% of a target step and is
+left out; verifying k + 1 tokens costs about one step on a CPU either way). So draft from
+the suffix source when it proposes something and
 
-Either draft is verified as it is (the model's with its probabilities, the suffix's
-one-hot), and the choice depends only on steps already verified, so decoding stays
-lossless. "Accepted" is the number of leading draft tokens the target kept: a rejected
-token is never the token emitted in its place (the residual has no mass there), so
-comparing the draft with the committed context counts it exactly.
+    1 + suffix_calibration * score  >=  (1 + model_accepted) / (1 + k * c)
+
+else run the model draft. Ties go to the suffix draft. With c = 0 this compares accepted
+tokens alone. Running means are exponential with weight ``1 - decay`` on the newest step.
+The statistics are shared by a drafter's copies (``with_sources``), so a server learns
+across requests.
+
+**Temperature 0, both as one tree** (``merge_greedy``; on when the target takes tree
+attention masks). Where the rule picks the model, its draft is already paid for; the
+suffix draft (chain or tree) is merged into it as further branches (shared prefixes
+merged; model nodes first, at most ``MAX_TREE_NODES`` nodes), so the target keeps
+whichever branch matches its argmax. Greedy verification is exact for any tree of
+candidate tokens (``spectune.tree_verify``), so this stays token-for-token equal to
+plain decoding; the extra nodes cost little (8 tokens verify in about 1.04x one token's
+forward on this CPU). Both sources' statistics learn from such steps: each is credited
+with the depth of its own branch that the target kept. The merged value is at least the
+model's, and where the suffix draft is worth more per step the rule already drafts from
+it alone, so the rule above decides between "suffix alone" and "model plus suffix".
+
+**Temperature > 0: one source per step.** The verifier's tree path takes one
+distribution for all siblings of a node (``Draft.probs``, one row per node); a tree
+mixing model-probability branches with one-hot suffix branches under one parent is not a
+draw it covers, so no merging: either draft is verified as it is (the model's with its
+probabilities, the suffix's one-hot). The choice depends only on steps already verified,
+so decoding stays lossless.
+
+"Accepted" is the depth of the draft's path the target kept: a rejected token is never
+the token emitted in its place (the residual has no mass there, and at temperature 0 the
+emitted token is the argmax no kept child has), so matching the draft against the
+committed context counts it exactly, for chains and trees.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from spectune.drafters.base import Draft, Drafter, TargetFeatures
 from spectune.drafters.suffix import SuffixDrafter
+from spectune.drafters.suffix_index import breadth_first
 from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams
+from spectune.tree import MAX_TREE_NODES
 
-__all__ = ["HybridDrafter", "SourceStats"]
+__all__ = ["HybridDrafter", "SourceStats", "kept_depth", "merge_trees"]
 
 
 @dataclass
 class SourceStats:
-    """What each source's drafts turned out to be worth (module docstring)."""
+    """What each source's drafts turned out to be worth, and what a model draft costs
+    (module docstring)."""
 
     decay: float = 0.9
     suffix_calibration: float = 1.0  # accepted per unit of suffix score
     model_accepted: float = 1.0  # accepted tokens per model-drafted step
-    suffix_steps: int = 0
-    model_steps: int = 0
+    model_token_seconds: float | None = None  # running mean: model propose s per token
+    target_step_seconds: float | None = None  # running mean: propose-to-commit seconds
+    suffix_steps: int = 0  # steps with a suffix draft (alone or merged)
+    model_steps: int = 0  # steps with a model draft (alone or merged)
+    merged_steps: int = 0  # steps with both, as one tree
     suffix_accepted_total: int = 0
     model_accepted_total: int = 0
 
-    def prefers_suffix(self, score: float) -> bool:
-        return self.suffix_calibration * score >= self.model_accepted
+    @property
+    def measured_cost(self) -> float | None:
+        """c as measured: model seconds per draft token over a target step's seconds."""
+        if self.model_token_seconds is None or not self.target_step_seconds:
+            return None
+        return self.model_token_seconds / self.target_step_seconds
+
+    def prefers_suffix(self, score: float, k: int = 0, draft_cost: float | None = None) -> bool:
+        """The rule: a suffix draft of ``score`` against a model draft of ``k`` tokens at
+        relative cost ``draft_cost`` (None: the measured one, 0 until measured)."""
+        cost = draft_cost if draft_cost is not None else (self.measured_cost or 0.0)
+        suffix_value = 1.0 + self.suffix_calibration * score
+        model_value = (1.0 + self.model_accepted) / (1.0 + k * cost)
+        return suffix_value >= model_value
+
+    def _mean(self, old: float | None, new: float) -> float:
+        return new if old is None else self.decay * old + (1 - self.decay) * new
 
     def observe(self, source: str, accepted: int, score: float) -> None:
+        """One verified draft of ``source`` ("suffix" | "model"): ``accepted`` tokens kept."""
         keep = self.decay
         if source == "suffix":
             self.suffix_steps += 1
@@ -65,17 +123,71 @@ class SourceStats:
             self.model_accepted_total += accepted
             self.model_accepted = keep * self.model_accepted + (1 - keep) * accepted
 
+    def observe_times(self, model_token_seconds: float | None, step_seconds: float) -> None:
+        if model_token_seconds is not None:
+            self.model_token_seconds = self._mean(self.model_token_seconds, model_token_seconds)
+        self.target_step_seconds = self._mean(self.target_step_seconds, step_seconds)
+
+
+def merge_trees(
+    first: tuple[Sequence[int], Sequence[int] | None],
+    second: tuple[Sequence[int], Sequence[int] | None],
+    max_nodes: int = MAX_TREE_NODES,
+) -> tuple[list[int], list[int]]:
+    """Two drafts (tokens, parents; None: a chain) as one token tree (tokens, parents),
+    shared prefixes merged, listed breadth first; when ``max_nodes`` cuts, ``first``'s
+    nodes are kept before ``second``'s (a cut node's descendants go too)."""
+    cut = -2  # -1 is the root
+    tokens: list[int] = []
+    parents: list[int] = []
+    index: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    for source_tokens, source_parents in (first, second):
+        links = source_parents if source_parents is not None else range(-1, len(source_tokens) - 1)
+        mapped: list[int] = []  # node of each source node, or cut
+        for token, parent in zip(source_tokens, links, strict=True):
+            above = -1 if parent < 0 else mapped[parent]
+            node = cut if above == cut else index.get((above, token), cut)
+            if node == cut and above != cut and len(tokens) < max_nodes:
+                node = index[(above, token)] = len(tokens)
+                tokens.append(token)
+                parents.append(above)
+            mapped.append(node)
+    order, new_parents = breadth_first(parents)
+    return [tokens[n] for n in order], new_parents
+
+
+def kept_depth(tokens: Sequence[int], parents: Sequence[int] | None, kept: Sequence[int]) -> int:
+    """How deep the committed tokens ``kept`` follow the draft (a chain, or a tree listed
+    parents first): the number of draft tokens the target accepted."""
+    links = parents if parents is not None else range(-1, len(tokens) - 1)
+    at, depth = -1, 0
+    for node, (token, parent) in enumerate(zip(tokens, links, strict=True)):
+        if parent == at and depth < len(kept) and token == kept[depth]:
+            at, depth = node, depth + 1
+    return depth
+
 
 @dataclass(frozen=True)
 class _Pending:
-    source: str  # "suffix" | "model"
+    source: str  # "suffix" | "model" | "both"
     start: int  # context length when the draft was made
-    tokens: tuple[int, ...]
+    suffix: tuple[tuple[int, ...], tuple[int, ...] | None]  # the suffix draft (tokens, parents)
+    model: tuple[tuple[int, ...], tuple[int, ...] | None]  # the model draft (tokens, parents)
     score: float
+    model_token_seconds: float | None  # the model's propose seconds per drafted token
+    proposed_at: float  # clock when propose returned
+
+
+def _parts(draft: Draft) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    parents = None if draft.parents is None else tuple(int(p) for p in draft.parents.tolist())
+    return tuple(int(t) for t in draft.tokens.tolist()), parents
+
+
+_NOTHING: tuple[tuple[int, ...], tuple[int, ...] | None] = ((), None)
 
 
 class HybridDrafter:
-    """The suffix draft where it is worth more than the model's measured rate (module doc)."""
+    """The suffix draft where it is worth more per cost than the model's (module doc)."""
 
     def __init__(
         self,
@@ -84,14 +196,42 @@ class HybridDrafter:
         stats: SourceStats | None = None,
         *,
         name: str | None = None,
+        merge_greedy: bool = False,
+        draft_cost: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not 0 <= (stats or SourceStats()).decay < 1:
             raise InvalidParameterError("the hybrid's decay must be in [0, 1)")
+        if draft_cost is not None and draft_cost < 0:
+            raise InvalidParameterError(f"draft_cost must be >= 0, got {draft_cost}")
         self.suffix = suffix
         self.model = model
         self.stats = stats or SourceStats()
         self.name = name or f"{suffix.name}+{model.name}"
+        self.merge_greedy = merge_greedy  # the target takes tree masks: merge at T = 0
+        self.draft_cost = draft_cost  # a fixed c (None: measured)
+        self.clock = clock
         self._pending: _Pending | None = None
+
+    def with_sources(
+        self,
+        suffix: SuffixDrafter | None = None,
+        model: Drafter | None = None,
+        *,
+        stats: SourceStats | None = None,
+    ) -> HybridDrafter:
+        """A hybrid over other sources (a request's fresh copies, a suffix tree) with this
+        one's settings, sharing its statistics unless given others."""
+        default_name = self.name == f"{self.suffix.name}+{self.model.name}"
+        return HybridDrafter(
+            suffix or self.suffix,
+            model or self.model,
+            stats or self.stats,
+            name=None if default_name else self.name,
+            merge_greedy=self.merge_greedy,
+            draft_cost=self.draft_cost,
+            clock=self.clock,
+        )
 
     def reset(self) -> None:
         self.suffix.reset()
@@ -106,25 +246,53 @@ class HybridDrafter:
         generator: torch.Generator | None,
     ) -> Draft:
         proposal = self.suffix.suggest(context, num_tokens)
-        if proposal.tokens and self.stats.prefers_suffix(proposal.score):
-            draft = Draft(torch.tensor(proposal.tokens, dtype=torch.long), None)
-            source = "suffix"
+        suffix_draft = proposal.draft()
+        model_seconds: float | None = None
+        if proposal.tokens and self.stats.prefers_suffix(
+            proposal.score, num_tokens, self.draft_cost
+        ):
+            draft, source = suffix_draft, "suffix"
+            suffix_parts, model_parts = _parts(suffix_draft), _NOTHING
         else:
-            draft = self.model.propose(context, num_tokens, params, generator)
-            source = "model"
-        tokens = tuple(int(t) for t in draft.tokens.tolist())
-        self._pending = _Pending(source, len(context), tokens, proposal.score)
+            start = self.clock()
+            model_draft = self.model.propose(context, num_tokens, params, generator)
+            if len(model_draft):
+                model_seconds = (self.clock() - start) / len(model_draft)
+            draft, source = model_draft, "model"
+            suffix_parts, model_parts = _NOTHING, _parts(model_draft)
+            if params.greedy and self.merge_greedy and proposal.tokens:
+                suffix_parts = _parts(suffix_draft)
+                tokens, parents = merge_trees(model_parts, suffix_parts)
+                draft = Draft(
+                    torch.tensor(tokens, dtype=torch.long),
+                    None,
+                    torch.tensor(parents, dtype=torch.long),
+                )
+                source = "both"
+        self._pending = _Pending(
+            source,
+            len(context),
+            suffix_parts,
+            model_parts,
+            proposal.score,
+            model_seconds,
+            self.clock(),
+        )
         return draft
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         pending, self._pending = self._pending, None
-        if pending is not None and pending.tokens and len(context) > pending.start:
-            kept = context[pending.start : pending.start + len(pending.tokens)]
-            accepted = 0
-            for drafted, committed in zip(pending.tokens, kept, strict=False):
-                if drafted != committed:
-                    break
-                accepted += 1
-            self.stats.observe(pending.source, accepted, pending.score)
+        if pending is not None and len(context) > pending.start:
+            self.stats.observe_times(
+                pending.model_token_seconds, self.clock() - pending.proposed_at
+            )
+            kept = context[pending.start :]
+            if pending.source in ("suffix", "both"):
+                accepted = kept_depth(*pending.suffix, kept)
+                self.stats.observe("suffix", accepted, pending.score)
+            if pending.source in ("model", "both") and pending.model[0]:
+                self.stats.observe("model", kept_depth(*pending.model, kept), 0.0)
+            if pending.source == "both":
+                self.stats.merged_steps += 1
         self.suffix.commit(context, features)
         self.model.commit(context, features)

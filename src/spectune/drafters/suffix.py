@@ -21,12 +21,23 @@ tokens, a long, consistently continued one up to the K the policy asks for. Its
 frequencies were the target's. Of the three sources' proposals the highest score wins
 (ties: the longer match, then the order above).
 
-No probabilities: the verifier treats each token as one-hot (as for n-gram), so decoding
-stays lossless at any temperature.
+**A tree of the top continuations** (``width > 1``; ``--draft suffix --tree-width W
+--tree-nodes N``). From the same match, each node's children are the ``width`` tokens that
+most often followed its path, and nodes enter the tree best first by path probability
+(the ``p_j`` above, now of each path) until ``nodes`` are in (``continuation_tree``). The
+same length rule holds per path: depth at most ``min(K, floor(factor * m + offset))``,
+path probability at least ``min_prob``. The **score** becomes the sum of the path
+probabilities over all nodes, the expected accepted tokens of the tree under the corpus
+frequencies. ``width == 1`` is the chain. Sources compete by score as for chains.
+
+No probabilities: the verifier treats each token as one-hot (as for n-gram), chain or tree
+(``spectune.tree_verify``: deterministic candidates are exact), so decoding stays lossless
+at any temperature.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import weakref
@@ -44,10 +55,12 @@ from spectune.drafters.suffix_index import (
     SuffixIndex,
     TokenArray,
     continuation,
+    continuation_tree,
     scan_matches,
 )
 from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams
+from spectune.tree import MAX_TREE_NODES
 
 __all__ = ["SuffixDrafter", "SuffixProposal", "SuffixSettings"]
 
@@ -56,18 +69,30 @@ _keys = itertools.count()  # history keys: one per request drafted
 
 @dataclass(frozen=True)
 class SuffixSettings:
-    """The proposal-length rule's constants (module docstring) and the longest match."""
+    """The proposal-length rule's constants (module docstring), the longest match, and the
+    tree's shape (``width`` 1: a chain)."""
 
     max_depth: int = 32
     factor: float = 1.0  # proposed tokens allowed per matched token
     offset: float = 0.0  # ... plus this many
     min_prob: float = 0.1  # stop before a prefix's corpus probability falls below this
+    width: int = 1  # children per tree node (1: one chain)
+    nodes: int = 16  # a tree's node budget (width > 1 only)
 
     def __post_init__(self) -> None:
         if self.max_depth < 1:
             raise InvalidParameterError(f"max_depth must be >= 1, got {self.max_depth}")
         if self.factor < 0 or not 0 <= self.min_prob <= 1:
             raise InvalidParameterError("suffix drafting needs factor >= 0 and 0 <= min_prob <= 1")
+        if not 1 <= self.width <= 8 or not 1 <= self.nodes <= MAX_TREE_NODES:
+            raise InvalidParameterError(
+                f"a suffix tree needs width in [1, 8] and nodes in [1, {MAX_TREE_NODES}], "
+                f"got width {self.width}, nodes {self.nodes}"
+            )
+
+    @property
+    def tree(self) -> bool:
+        return self.width > 1
 
     def length_cap(self, match_length: int, requested: int) -> int:
         return max(0, min(requested, math.floor(self.factor * match_length + self.offset)))
@@ -75,17 +100,26 @@ class SuffixSettings:
 
 @dataclass(frozen=True)
 class SuffixProposal:
-    """One source's guess: tokens, each prefix's corpus probability, and where it came from."""
+    """One source's guess: tokens (a chain, or a tree's nodes with ``parents``), each
+    path's corpus probability, and where it came from."""
 
     tokens: list[int]
-    probs: list[float]  # probs[j]: corpus probability of tokens[: j + 1]
+    probs: list[float]  # probs[j]: corpus probability of the path ending at token j
     match_length: int
     source: str  # "context" | "corpus" | "history" | "none"
+    parents: list[int] | None = None  # a tree's parents (Draft.parents), None for a chain
 
     @property
     def score(self) -> float:
         """Expected accepted tokens under the corpus frequencies."""
         return float(sum(self.probs))
+
+    def draft(self) -> Draft:
+        """The proposal as a one-hot draft (no probabilities)."""
+        tokens = torch.tensor(self.tokens, dtype=torch.long)
+        if self.parents is None:
+            return Draft(tokens, None)
+        return Draft(tokens, None, torch.tensor(self.parents, dtype=torch.long))
 
 
 NO_PROPOSAL = SuffixProposal([], [], 0, "none")
@@ -100,6 +134,11 @@ def propose_from(
     cap = settings.length_cap(match.length, requested)
     if cap == 0:
         return NO_PROPOSAL
+    if settings.tree:
+        tree = continuation_tree(match, cap, settings.min_prob, settings.width, settings.nodes)
+        if not tree.tokens:
+            return NO_PROPOSAL
+        return SuffixProposal(tree.tokens, tree.probs, match.length, source, tree.parents)
     tokens, probs = continuation(match, cap, settings.min_prob)
     return SuffixProposal(tokens, probs, match.length, source) if tokens else NO_PROPOSAL
 
@@ -178,6 +217,20 @@ class SuffixDrafter:
         """This drafter's index and settings over ``history`` (a server's store)."""
         return SuffixDrafter(self.index, history, self.settings, name=self.name)
 
+    def with_tree(self, width: int, nodes: int, min_prob: float = 0.0) -> SuffixDrafter:
+        """This drafter proposing trees of ``width`` children per node and ``nodes`` nodes
+        (module docstring; the target must take tree attention masks), pruned at the
+        stricter of its ``min_prob`` and this one."""
+        settings = dataclasses.replace(
+            self.settings,
+            width=width,
+            nodes=nodes,
+            min_prob=max(self.settings.min_prob, min_prob),
+        )
+        base = self.name.split(" tree", 1)[0]
+        name = base if width == 1 else f"{base} tree{width}x{nodes}"
+        return SuffixDrafter(self.index, self.history, settings, name=name)
+
     def reset(self) -> None:
         if self._filer is not None:
             self._filer()  # runs at most once
@@ -220,7 +273,7 @@ class SuffixDrafter:
         generator: torch.Generator | None,
     ) -> Draft:
         self.last = self.suggest(context, num_tokens)
-        return Draft(torch.tensor(self.last.tokens, dtype=torch.long), None)
+        return self.last.draft()
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         self._request.sync(context)

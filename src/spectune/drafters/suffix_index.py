@@ -16,14 +16,16 @@ every place it ended" (a ``Match``):
 
 All sources store documents concatenated with ``SEP`` (-1) between them (and at both
 ends), so no match or continuation crosses a document boundary: a query never contains SEP.
-``continuation`` walks from a match to its most frequent continuation; it is shared by all
-sources.
+``continuation`` walks from a match to its most frequent continuation, ``continuation_tree``
+grows a small tree of its most frequent continuations; both are shared by all sources.
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+import heapq
+import itertools
 import json
 import threading
 from collections import OrderedDict
@@ -43,7 +45,10 @@ __all__ = [
     "Match",
     "SuffixIndex",
     "Document",
+    "breadth_first",
+    "ContinuationTree",
     "continuation",
+    "continuation_tree",
     "scan_matches",
     "tokenizer_fingerprint",
 ]
@@ -146,6 +151,81 @@ def continuation(match: Match, max_tokens: int, min_prob: float) -> tuple[list[i
         probs.append(prob)
         ends = ends[following == best]
     return tokens, probs
+
+
+@dataclass(frozen=True)
+class ContinuationTree:
+    """The most frequent continuations of a match as a token tree, listed parents first
+    (breadth first, siblings together, most frequent first); ``parents[i]`` is node i's
+    parent (-1: a child of the matched tail), ``probs[i]`` the corpus probability of the
+    path from the root to node i."""
+
+    tokens: list[int]
+    parents: list[int]
+    probs: list[float]
+
+
+def continuation_tree(
+    match: Match, max_depth: int, min_prob: float, width: int, max_nodes: int
+) -> ContinuationTree:
+    """The ``max_nodes`` most probable continuations of ``match`` as a tree, best first.
+
+    A node's children are the ``width`` tokens that most often follow its path (ties: the
+    smaller id), each kept only if its path probability, (occurrences continuing with the
+    path) / (all occurrences) as in ``continuation``, reaches ``min_prob``, and only down
+    to ``max_depth``. Candidates enter the tree in order of path probability (ties: the
+    one found first) until ``max_nodes`` are in. A path's probability never exceeds its
+    parent's, so a node's parent is always in before it. With ``width == 1`` this is
+    ``continuation``'s chain."""
+    total = match.ends.size
+    stream = match.tokens
+    serial = itertools.count()  # heap tie-break: the candidate found first
+    # (-path prob, serial, parent node, token, parent's occurrence ends, depth)
+    heap: list[tuple[float, int, int, int, IntArray, int]] = []
+
+    def offer_children(node: int, ends: IntArray, depth: int) -> None:
+        if depth >= max_depth:
+            return
+        following = stream[ends + depth + 1]  # in bounds: every document ends with SEP
+        following = following[following >= 0]
+        if following.size == 0:
+            return
+        values, counts = np.unique(following, return_counts=True)
+        for i in np.lexsort((values, -counts))[:width]:  # most frequent, then smaller id
+            prob = int(counts[i]) / total
+            if prob < min_prob:
+                break
+            heapq.heappush(heap, (-prob, next(serial), node, int(values[i]), ends, depth + 1))
+
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[float] = []
+    offer_children(-1, match.ends, 0)
+    while heap and len(tokens) < max_nodes:
+        neg_prob, _, parent, token, ends, depth = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(token)
+        parents.append(parent)
+        probs.append(-neg_prob)
+        offer_children(node, ends[stream[ends + depth] == token], depth)
+    order, new_parents = breadth_first(parents)
+    return ContinuationTree([tokens[n] for n in order], new_parents, [probs[n] for n in order])
+
+
+def breadth_first(parents: Sequence[int]) -> tuple[list[int], list[int]]:
+    """A tree (listed parents first) renumbered breadth first, siblings together in their
+    listed order: (``order``: old node index of each new node, the new ``parents``)."""
+    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for node, parent in enumerate(parents):
+        children[parent + 1].append(node)
+    order: list[int] = []
+    new_index = {-1: -1}
+    queue = list(children[0])
+    for node in queue:  # grows while iterated: a breadth-first walk
+        new_index[node] = len(order)
+        order.append(node)
+        queue.extend(children[node + 1])
+    return order, [new_index[parents[n]] for n in order]
 
 
 def tokenizer_fingerprint(token_strings: Sequence[str]) -> str:

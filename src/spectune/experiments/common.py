@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -80,6 +81,16 @@ class DecodeStats:
     accepted: int
     target_tokens: int  # tokens the target forwarded in decode steps (its verification work)
     decode_seconds: float
+    # Per drafting step (k > 0): the drafter's time (for suffix drafting, the lookup), mean
+    # and 99th percentile in ms, and the mean target time of a step in ms (0: no steps).
+    draft_ms_mean: float = 0.0
+    draft_ms_p99: float = 0.0
+    target_ms_mean: float = 0.0
+
+    @property
+    def draft_over_target(self) -> float:
+        """Mean draft time per drafting step over the mean target time per step."""
+        return self.draft_ms_mean / self.target_ms_mean if self.target_ms_mean > 0 else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -111,6 +122,10 @@ class DecodeStats:
             "target_tokens_per_step": round(self.target_tokens_per_step, 3),
             "tokens_per_second": round(self.tokens_per_second, 3),
             "decode_seconds": round(self.decode_seconds, 4),
+            "draft_ms_mean": round(self.draft_ms_mean, 4),
+            "draft_ms_p99": round(self.draft_ms_p99, 4),
+            "target_ms_mean": round(self.target_ms_mean, 3),
+            "draft_over_target": round(self.draft_over_target, 5),
         }
 
 
@@ -253,6 +268,8 @@ def decode_prompts(
     """Decode every prompt (fresh drafter each, seeded generator each) and add up."""
     tokens = steps = drafted = accepted = target_tokens = 0
     seconds = 0.0
+    draft_times: list[float] = []  # seconds, per drafting step
+    target_times: list[float] = []  # seconds, per step
     for index, (_, prompt) in enumerate(setup.prompts):
         engine = SpeculativeEngine(setup.target, drafter_factory(), verify_groups=verify_groups)
         generator = torch.Generator().manual_seed(seed + index)
@@ -263,4 +280,18 @@ def decode_prompts(
         drafted += gen.drafted
         accepted += gen.accepted
         target_tokens += sum(s.drafted + 1 for s in gen.steps)
-    return DecodeStats(label, tokens, steps, drafted, accepted, target_tokens, seconds)
+        draft_times.extend(s.draft_time for s in gen.steps if s.k > 0)
+        target_times.extend(s.target_time for s in gen.steps)
+    draft_ms = np.asarray(draft_times) * 1e3
+    return DecodeStats(
+        label,
+        tokens,
+        steps,
+        drafted,
+        accepted,
+        target_tokens,
+        seconds,
+        draft_ms_mean=float(draft_ms.mean()) if draft_ms.size else 0.0,
+        draft_ms_p99=float(np.percentile(draft_ms, 99)) if draft_ms.size else 0.0,
+        target_ms_mean=float(np.mean(target_times)) * 1e3 if target_times else 0.0,
+    )
