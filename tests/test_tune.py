@@ -189,6 +189,7 @@ def test_tune_from_a_trace_end_to_end(toy_folder: Path, tmp_path: Path) -> None:
     assert main(["generate", "w1 w2", *base, "--policy-file", str(out)]) == 0
 
 
+@pytest.mark.slow  # loads two toy models and decodes: ~1 min on an idle 2-core machine
 def test_tune_on_a_prompt_set_confirms_on_held_out_prompts(
     toy_folder: Path, toy_draft_folder: Path, tmp_path: Path
 ) -> None:

@@ -94,6 +94,8 @@ def check_args(args: argparse.Namespace) -> tuple[float, ...]:
     if args.max_tokens < 2:
         raise InvalidParameterError(f"--max-tokens must be >= 2, got {args.max_tokens}")
     validate_k(args.record_k)
+    if not args.trace and args.draft == "none":
+        raise InvalidParameterError("tuning needs a drafter (--draft)")
     if args.confirm_prompts < 0:
         raise InvalidParameterError(f"--confirm-prompts must be >= 0, got {args.confirm_prompts}")
     if args.limit_per_category < 1:
@@ -136,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from spectune.control.workload import fit_costs, fit_workload
 
     temperatures = check_args(args)
-    console = Console(stderr=True)
+    console = Console()  # progress and notes on stdout: stderr keeps one line per error
     report_path = args.report or args.out.with_suffix(".md")
     started = time.perf_counter()
     if args.trace:

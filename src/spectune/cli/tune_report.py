@@ -106,7 +106,7 @@ def report_markdown(data: dict[str, Any]) -> str:
         f"Command: `{data['command']}` ({data['seconds']} s). "
         f"Policy file: `{data['policy_file']}`.",
         "",
-        f"Workload: {data['requests']} requests, {data['tokens']} tokens; pooled acceptance "
+        f"Workload: {data['requests']} request(s), {data['tokens']} tokens; pooled acceptance "
         f"{data['workload']['pooled_acceptance']:.0%}, outcomes known for "
         f"{data['workload']['known_outcomes']:.0%} of the positions; acceptance by draft "
         f"position {data['workload']['position_acceptance']}. "
