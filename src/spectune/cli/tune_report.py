@@ -110,7 +110,9 @@ def report_markdown(data: dict[str, Any]) -> str:
         f"{data['workload']['pooled_acceptance']:.0%}, outcomes known for "
         f"{data['workload']['known_outcomes']:.0%} of the positions; acceptance by draft "
         f"position {data['workload']['position_acceptance']}. "
-        f"Costs from the {data['costs']['source']}.",
+        "Costs: "
+        + ("verification curve measured here." if data["costs"]["source"] == "measured" else "")
+        + ("fitted from the traces' times." if data["costs"]["source"] == "trace" else ""),
         "",
         "## Predicted (replay of the tuning workload)",
         "",
@@ -130,7 +132,8 @@ def report_markdown(data: dict[str, Any]) -> str:
         plain = confirm["measured"]["plain"]["tokens_per_second"] or 0.0
         lines += [
             "",
-            f"## Measured on {len(confirm['prompts'])} held-out prompts (never seen by the search)",
+            f"## Measured on {len(confirm['prompts'])} held-out prompt(s), never seen by the "
+            "search",
             "",
             "| policy | predicted speedup | measured tokens/s | measured speedup |",
             "|---|---:|---:|---:|",
