@@ -179,6 +179,26 @@ CLI_CASES: list[tuple[str, str]] = [
     ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --cache-dir @W/garbage.txt", "file"),
     ("distill --corpus /nonexistent.jsonl --out @W/d --steps 1 --target @T", "not found"),
     ("distill --corpus @W/bad.jsonl --out @W/d --steps 1 --target @T", "bad.jsonl:1"),
+    # tune (every setting is checked before a model loads)
+    ("tune --trace /nonexistent.jsonl", "cannot read trace /nonexistent.jsonl"),
+    ("tune --trace @W/bad.jsonl", "bad.jsonl:1: not a spectune trace event"),
+    ("tune --trace @W/plain-trace.jsonl", "no chain draft steps"),
+    ("tune --trace @W/hot-trace.jsonl", "temperature must be a number >= 0"),
+    ("tune --trace @W/plain-trace.jsonl --draft ngram", "--trace files to replay, or --draft"),
+    ("tune --temperatures x", "--temperatures: expected comma-separated numbers"),
+    ("tune --temperatures -1", "temperature must be >= 0"),
+    ("tune --max-tokens 1", "--max-tokens must be >= 2"),
+    ("tune --record-k 0", "K (draft tokens per step) must be in [1, 32]"),
+    ("tune --confirm-prompts -1", "--confirm-prompts must be >= 0"),
+    ("tune --limit-per-category 0", "--limit-per-category must be at least 1"),
+    ("tune --threads 0", "--threads must be >= 1"),
+    ("tune --trace @W/plain-trace.jsonl --out @W", "is a folder"),
+    ("tune --target @T --draft none", "tuning needs a drafter"),
+    ("tune --target @T --draft ngram --prompts @W/bad.jsonl", "bad.jsonl:1"),
+    # --policy-file on the other commands that decode
+    ("bench --target @T --draft ngram --policy-file /nonexistent.toml", "cannot read policy file"),
+    ("bench --target @T --draft ngram --policy-file @W/bad.jsonl", "is not valid TOML"),
+    ("serve --policy-file /nonexistent.toml", "cannot read policy file"),
     # select
     ("select ngram --per-category 0", "--per-category must be at least 1"),
     ("select ngram --max-k 0", "K (draft tokens per step) must be in [1, 32]"),
@@ -239,6 +259,13 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     toy_tokenizer(toy)
     (work / "bad.jsonl").write_text("{not json\n")
     (work / "garbage.txt").write_text("hello\n")
+    plain_step = (
+        '{"event":"step","request":"0","index":0,"k":0,"drafted":0,"accepted":0,'
+        '"emitted":[1],"draft_time":0,"target_time":0.01,"step_time":0.01}\n'
+    )
+    (work / "plain-trace.jsonl").write_text(plain_step)
+    hot = '{"event":"request","request":"0","info":{"temperature":"hot"}}\n'
+    (work / "hot-trace.jsonl").write_text(hot + plain_step)
     (work / "corpus.jsonl").write_text('{"text": "w1 w2 w3"}\n')
     (work / "corrupt.gguf").write_bytes(b"GGUF" + b"\x00garbage" * 10)
     for name in ("no-weights", "truncated"):

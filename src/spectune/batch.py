@@ -58,6 +58,7 @@ from spectune.batch_feature_draft import BatchFeatureDrafter
 from spectune.control.base import FixedK, KPolicy
 from spectune.crossover import load_crossover
 from spectune.deadline import DeadlineCall, DeadlineExceeded
+from spectune.devices import VerifyMemory, model_device
 from spectune.drafters.base import Draft, Drafter, TargetFeatures
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.ngram import NgramDrafter
@@ -376,6 +377,7 @@ class BatchEngine:
 
         # 3. One target pass over [rows, 1 + longest draft], padded after each row's tokens.
         target_start = time.perf_counter()
+        memory = VerifyMemory(model_device(self.target))
         width = 1 + max(len(d) for d in drafts)
         chunk = torch.full((num_rows, width), self.pad, dtype=torch.long)  # [rows, width]
         for seq, draft in zip(seqs, drafts, strict=True):
@@ -388,6 +390,12 @@ class BatchEngine:
             positions, mask = tree_inputs(drafts, lengths_before, width)
             out = forward_rows(self.target, self.cache, num_rows, chunk, positions, mask)
         target_time = time.perf_counter() - target_start
+        verify_peak = memory.peak_bytes(
+            rows=num_rows * width,
+            context=max(lengths_before) + width,
+            vocab=vocab,
+            sampled=any(not s.params.greedy for s in seqs),
+        )
 
         # 4. Per sequence: verify, roll back its row, stop, tell drafter and policy.
         eos = set(self.target.info.eos_token_ids)
@@ -419,6 +427,7 @@ class BatchEngine:
                 step_time=time.perf_counter() - step_start,
                 fallback=fallback,
                 finish_reason=finish,
+                verify_peak_bytes=verify_peak,
             )
             seq.policy.observe(record)
             seq.index += 1

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from spectune.chunked import GroupedVerification, verify_in_groups
 from spectune.control.base import FixedK, KPolicy
+from spectune.devices import VerifyMemory, model_device
 from spectune.drafters.base import Draft, Drafter, TargetFeatures
 from spectune.errors import DrafterError, InvalidParameterError, PromptError
 from spectune.models.base import KVCache, LanguageModel
@@ -89,6 +90,10 @@ class StepRecord:
     finish_reason: str | None = None  # "eos" | "length" | "stop" once the request is done
     verify_groups: int = 1  # target passes the verification took (chunked: > 1)
     tree_depth: int | None = None  # a tree draft's longest path; None for a chain
+    # Peak memory of the verification pass (spectune.devices.VerifyMemory: the CUDA
+    # allocator's peak above resident, or on the CPU the bytes of its tensors from shapes);
+    # None where not measured (older traces, test doubles).
+    verify_peak_bytes: int | None = None
 
     @property
     def positions(self) -> int:
@@ -184,6 +189,7 @@ class SpeculativeEngine:
         drafter = self.drafter
         eos = set(info.eos_token_ids)
         capacity = min(info.max_context, len(prompt) + params.max_tokens + CHUNK_SLACK)
+        device = model_device(target)
 
         # 1. Prefill: the target ingests all but the last prompt token (the pending token).
         cache = target.new_cache(capacity=capacity)
@@ -227,6 +233,7 @@ class SpeculativeEngine:
             # 4. One target pass over the pending token and the draft (a tree goes in with
             #    depth positions and an ancestor mask, see spectune.tree).
             target_start = time.perf_counter()
+            memory = VerifyMemory(device)
             length_before = cache.length()
             chunk = torch.cat((torch.tensor([context[-1]]), draft.tokens)).view(1, -1)
             groups = 1
@@ -252,6 +259,13 @@ class SpeculativeEngine:
 
                 # 5. Verify.
                 result = verify_draft(draft, out.logits[0], params, generator)
+            rows = chunk.shape[1]
+            verify_peak = memory.peak_bytes(
+                rows=rows,
+                context=length_before + rows,
+                vocab=info.vocab_size,
+                sampled=not params.greedy,
+            )
 
             # 6. Keep the accepted path (a tree's is compacted), drop the rest; tell the
             #    drafter what was committed.
@@ -286,6 +300,7 @@ class SpeculativeEngine:
                     if draft.parents is None
                     else max(tree_depths(draft.parents.tolist()), default=0)
                 ),
+                verify_peak_bytes=verify_peak,
             )
             policy.observe(record)
             yield record

@@ -22,7 +22,8 @@ import torch
 from spectune.bench.plan import BenchConfig, parse_tree_shape
 from spectune.bench.systems import HFSystem, SpectuneSystem, System, SystemInfo
 from spectune.control.base import FixedK, KPolicy
-from spectune.control.registry import make_policy
+from spectune.control.config import load_policy_file
+from spectune.control.registry import build_policy, make_policy
 from spectune.costs import CostCurve, measure_forward_curve
 from spectune.drafters.base import Drafter
 from spectune.drafters.model import ModelDrafter
@@ -112,6 +113,20 @@ def adaptive_policy(name: str, cost_curve: CostCurve | None) -> Callable[[Sampli
     return make
 
 
+def file_policy(
+    path: str, cost_curve: CostCurve | None
+) -> tuple[str, Callable[[SamplingParams], KPolicy]]:
+    """A policy file's name for the tables (its file name without ``.toml``) and a factory;
+    a bad file fails now, at set-up, with the registry's one-line error."""
+    spec = load_policy_file(path)
+
+    def make(params: SamplingParams) -> KPolicy:
+        return build_policy(spec, params=params, cost_curve=cost_curve)
+
+    make(SamplingParams())
+    return Path(path).stem, make
+
+
 def _fixed(k: int) -> Callable[[SamplingParams], KPolicy]:
     return lambda params: FixedK(k)
 
@@ -144,6 +159,7 @@ def build_systems(
                 policies.append((name, adaptive_policy(name, cost_curve)))
             except Exception as exc:  # a missing registry or a bad name: skip, say why
                 notes.append(f"policy '{name}' skipped: {type(exc).__name__}: {exc}")
+        policies += [file_policy(path, cost_curve) for path in config.policy_files]
         for draft in drafts:
             for k in config.ks:
                 label = SystemInfo(

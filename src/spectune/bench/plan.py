@@ -52,6 +52,7 @@ class BenchConfig:
     device: str = "cpu"  # resolved (cpu or cuda); int8 / int4 always run on the CPU
     ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     policies: tuple[str, ...] = ("threshold", "cost")
+    policy_files: tuple[str, ...] = ()  # TOML policy files (``spectune tune``'s output)
     trees: tuple[str, ...] = ()  # token-tree shapes "WIDTHxNODES" for each draft model
     tree_ks: tuple[int, ...] = (4,)  # tree depths (K) run for each shape
     systems: tuple[str, ...] = tuple(SYSTEM_KEYS)

@@ -25,13 +25,26 @@ from spectune.cli import (
     select,
     serve,
     suffix,
+    tune,
 )
 from spectune.cli.common import print_warning
 from spectune.errors import SpectuneError, SpectuneWarning
 
 __all__ = ["main"]
 
-COMMANDS = (generate, report, bench, corpus, distill, select, experiment, serve, export, suffix)
+COMMANDS = (
+    generate,
+    report,
+    tune,
+    bench,
+    corpus,
+    distill,
+    select,
+    experiment,
+    serve,
+    export,
+    suffix,
+)
 
 
 class UsageError(SpectuneError):

@@ -9,21 +9,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from spectune.cli.common import parse_numbers as _numbers
 from spectune.errors import InvalidParameterError
 
 __all__ = ["register"]
-
-
-def _numbers(text: str, kind: type[int] | type[float], what: str) -> tuple[Any, ...]:
-    try:
-        values = tuple(kind(part) for part in text.split(",") if part.strip())
-    except ValueError as exc:
-        raise InvalidParameterError(
-            f"{what}: expected comma-separated numbers, got {text!r}"
-        ) from exc
-    if not values:
-        raise InvalidParameterError(f"{what}: empty list")
-    return values
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -70,6 +59,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--k", default="1,2,4,6,8", help="fixed Ks, comma-separated")
     parser.add_argument("--policies", default="threshold,cost", help="adaptive K policies")
     parser.add_argument(
+        "--policy-file",
+        action="append",
+        default=[],
+        help="also run the policy of this TOML file (e.g. spectune tune's output), named by "
+        "its file name (repeatable)",
+    )
+    parser.add_argument(
         "--trees",
         default="",
         help="token-tree shapes WIDTHxNODES for each draft model, comma-separated (e.g. 2x16)",
@@ -114,6 +110,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         device=resolve_device(args.device).type,
         ks=tuple(validate_k(k) for k in _numbers(args.k, int, "--k")),
         policies=_names(args.policies),
+        policy_files=tuple(_checked_policy_files(args.policy_file)),
         trees=_names(args.trees),
         tree_ks=tuple(validate_k(k) for k in _numbers(args.tree_k, int, "--tree-k")),
         systems=_names(args.systems),
@@ -121,6 +118,16 @@ def config_from_args(args: argparse.Namespace) -> Any:
         prompt_lookup_tokens=args.prompt_lookup_tokens,
         budget_minutes=args.budget_minutes,
     )
+
+
+def _checked_policy_files(paths: list[str]) -> list[str]:
+    """Policy files that load and build (a bad one is a one-line error before loading)."""
+    from spectune.control.config import load_policy_file
+    from spectune.control.registry import build_policy
+
+    for path in paths:
+        build_policy(load_policy_file(path))
+    return paths
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -137,6 +144,8 @@ def command_line(args: argparse.Namespace) -> str:
             parts += ["--" + flag.replace("_", "-"), str(value)]
     for dtype in args.dtype or []:
         parts += ["--dtype", dtype]
+    for path in args.policy_file:
+        parts += ["--policy-file", path]
     if args.trees:
         parts += ["--trees", args.trees, "--tree-k", args.tree_k]
     for flag in ("split", "temperatures", "max_tokens", "repeats", "k", "policies", "systems"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import torch
 
@@ -22,6 +23,7 @@ __all__ = [
     "add_precision_args",
     "add_sampling_args",
     "load_models",
+    "parse_numbers",
     "parse_precision",
     "precision_from_args",
     "print_warning",
@@ -152,3 +154,16 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
         stop=tuple(args.stop),
         seed=args.seed,
     )
+
+
+def parse_numbers(text: str, kind: type[int] | type[float], what: str) -> tuple[Any, ...]:
+    """``"0,0.7"`` -> (0.0, 0.7); a one-line error naming ``what`` otherwise."""
+    try:
+        values = tuple(kind(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise InvalidParameterError(
+            f"{what}: expected comma-separated numbers, got {text!r}"
+        ) from exc
+    if not values:
+        raise InvalidParameterError(f"{what}: empty list")
+    return values

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.errors import InvalidParameterError
-from spectune.monitor.report import TraceReport, analyse_trace, plot_report
+from spectune.monitor.report import TraceReport, analyse_trace, peak_by_k, plot_report
 from spectune.monitor.trace import read_trace
 
 __all__ = ["register"]
@@ -80,5 +80,14 @@ def print_report(report: TraceReport, paths: list[Path]) -> None:
         console.print("speedup n/a: no plain-decoding baseline (use --baseline-tps)")
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(snap.fallback_events.items())) or "none"
     console.print(f"fallback events: {kinds}")
+    peaks = peak_by_k(report)
+    if peaks:
+        by_k = ", ".join(f"K={k} {peak / 2**20:.2f}" for k, peak in peaks.items())
+        console.print(
+            f"verification peak memory: max {max(peaks.values()) / 2**20:.2f} MiB; by K (MiB): "
+            f"{by_k}"
+        )
+    else:
+        console.print("verification peak memory: not recorded in this trace")
     for path in paths:
         console.print(f"wrote {path}")

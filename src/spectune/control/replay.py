@@ -37,20 +37,25 @@ def fake_record(
     target_time: float = 0.01,
     index: int = 0,
     fallback: str | None = None,
+    emitted: int | None = None,
+    overhead_time: float = 0.0,
 ) -> StepRecord:
-    """A record of a step that drafted ``drafted`` (default ``k``) and kept ``accepted``."""
+    """A record of a step that drafted ``drafted`` (default ``k``) and kept ``accepted``;
+    it emits ``emitted`` tokens (default ``accepted + 1``: fewer when a request ends
+    mid-step) and its step time is draft + target + ``overhead_time``."""
     drafted = k if drafted is None else drafted
     if not 0 <= accepted <= drafted:
         raise ValueError(f"need 0 <= accepted <= drafted, got {accepted}, {drafted}")
+    count = accepted + 1 if emitted is None else emitted
     return StepRecord(
         index=index,
         k=k,
         drafted=drafted,
         accepted=accepted,
-        emitted=tuple(range(10, 10 + accepted + 1)),  # token ids do not matter to policies
+        emitted=tuple(range(10, 10 + count)),  # token ids do not matter to policies
         draft_time=draft_time,
         target_time=target_time,
-        step_time=draft_time + target_time,
+        step_time=draft_time + target_time + overhead_time,
         fallback=fallback,
     )
 

@@ -104,6 +104,12 @@ class HFModel:
     def info(self) -> ModelInfo:
         return self._info
 
+    @property
+    def device(self) -> torch.device:
+        """Where forwards run (``spectune.devices``: outputs come back on the CPU)."""
+        device: torch.device = self.model.device
+        return device
+
     def new_cache(self, batch_size: int = 1, capacity: int | None = None) -> HFCache:
         if batch_size != 1:
             raise ValueError("the transformers adapter decodes one sequence per cache")

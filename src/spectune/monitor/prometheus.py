@@ -17,6 +17,9 @@ Metrics (prefix ``spectune_spec_decode_``):
     acceptance_rate, mean_accepted_length, draft_latency_share,
     estimated_speedup, fallback_frequency                         gauges (window; NaN = unknown)
     k                                                             gauge, the last step's K
+    verify_peak_bytes                                             gauge, the highest
+        verification peak memory over the last window of steps (``spectune.devices.
+        VerifyMemory``: CUDA allocator peak above resident; on the CPU, tensor bytes)
 """
 
 from __future__ import annotations
@@ -101,6 +104,19 @@ class PrometheusExporter:
             "Steps with a fallback / steps, last window.",
             "fallback_frequency",
         )
+
+        peak = Gauge(
+            f"{PREFIX}_verify_peak_bytes",
+            "Highest verification peak memory over the last window of steps, bytes "
+            "(CUDA: allocator peak above resident; CPU: verification tensors from shapes; "
+            "NaN: not measured).",
+            registry=reg,
+        )
+        peak.set_function(self._window_peak)
+
+    def _window_peak(self) -> float:
+        value = self._snapshot().window_verify_peak_bytes
+        return math.nan if value is None else float(value)
 
     def _gauge(self, name: str, doc: str, field: str) -> None:
         gauge = Gauge(f"{PREFIX}_{name}", doc, registry=self.registry)

@@ -15,7 +15,7 @@ from spectune.monitor.health import HealthCheck, health
 from spectune.monitor.stats import SpecStats, StatsSnapshot, StepNumbers, fallback_kind
 from spectune.monitor.trace import TraceRequest
 
-__all__ = ["PLOTS", "TraceReport", "analyse_trace", "plot_report"]
+__all__ = ["PLOTS", "TraceReport", "analyse_trace", "peak_by_k", "plot_report"]
 
 PLOTS = ("acceptance.png", "k.png", "draft_share.png", "fallbacks.png")
 
@@ -33,6 +33,7 @@ class TraceReport:
     fallbacks: tuple[str | None, ...]  # the step's fallback kind
     rejections: tuple[bool, ...]  # token-level fallback in the step
     request_starts: tuple[int, ...]  # step numbers where a request begins
+    verify_peak_bytes: tuple[int | None, ...]  # the step's verification peak memory
     snapshot: StatsSnapshot
     health: tuple[HealthCheck, ...]
 
@@ -62,6 +63,7 @@ def analyse_trace(
     fallbacks: list[str | None] = []
     rejections: list[bool] = []
     starts: list[int] = []
+    peaks: list[int | None] = []
     for request in requests:
         starts.append(len(ks))
         previous: str | None = None
@@ -78,6 +80,7 @@ def analyse_trace(
             share.append(snap.window.draft_share)
             fallbacks.append(fallback_kind(record.fallback))
             rejections.append(numbers.rejected)
+            peaks.append(record.verify_peak_bytes)
     snapshot = stats.snapshot()
     return TraceReport(
         requests=len(requests),
@@ -89,9 +92,19 @@ def analyse_trace(
         fallbacks=tuple(fallbacks),
         rejections=tuple(rejections),
         request_starts=tuple(starts),
+        verify_peak_bytes=tuple(peaks),
         snapshot=snapshot,
         health=tuple(health(snapshot.total)),
     )
+
+
+def peak_by_k(report: TraceReport) -> dict[int, int]:
+    """The highest verification peak memory (bytes) at each K, for the steps that measured it."""
+    peaks: dict[int, int] = {}
+    for k, peak in zip(report.k, report.verify_peak_bytes, strict=True):
+        if peak is not None:
+            peaks[k] = max(peak, peaks.get(k, 0))
+    return dict(sorted(peaks.items()))
 
 
 def _series(values: tuple[float | None, ...]) -> tuple[list[int], list[float]]:

@@ -24,6 +24,9 @@ Glossary (one step = one ``StepRecord``):
 - fallback frequency    steps run with a fallback reason / steps.
 - fallback kind         a reason's prefix before the colon (``local``, ``global``, ``cost``,
                         ``drafter_error``); ``token`` counts rejections.
+- verify peak bytes     the peak memory of a step's verification pass
+                        (``spectune.devices.VerifyMemory``); snapshots keep its maximum over
+                        everything seen and over the window (a peak, so no averaging).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class StepNumbers:
     step_time: float
     fallback: str | None  # the fallback kind, or None
     new_fallback: bool  # the first step of this fallback in its request (an event)
+    verify_peak_bytes: int | None = None  # None: not measured
 
     @classmethod
     def of(cls, record: StepRecord, previous_fallback: str | None) -> StepNumbers:
@@ -88,6 +92,7 @@ class StepNumbers:
             step_time=record.step_time,
             fallback=kind,
             new_fallback=kind is not None and kind != previous_fallback,
+            verify_peak_bytes=record.verify_peak_bytes,
         )
 
     @property
@@ -130,6 +135,8 @@ class StatsSnapshot:
     total: Rates
     window: Rates
     ewma: Rates
+    verify_peak_bytes: int | None = None  # the highest verification peak seen; None: unmeasured
+    window_verify_peak_bytes: int | None = None  # the highest over the last window of steps
 
 
 @dataclass
@@ -192,6 +199,7 @@ class SpecStats:
     _fallback_steps: Counter[str] = field(default_factory=Counter)
     _fallback_events: Counter[str] = field(default_factory=Counter)
     _last_fallback: str | None = None
+    _verify_peak: int | None = None
 
     def observe(self, record: StepRecord) -> StepNumbers:
         numbers = StepNumbers.of(record, self._last_fallback)
@@ -208,6 +216,7 @@ class SpecStats:
         if n.k == 0:
             self._plain.add(n)
         self._target_time += n.target_time
+        self._verify_peak = _max(self._verify_peak, n.verify_peak_bytes)
         if n.rejected:
             self._rejections += 1
             self._fallback_events["token"] += 1
@@ -235,8 +244,10 @@ class SpecStats:
     def snapshot(self) -> StatsSnapshot:
         baseline, source = self.baseline()
         window = _Sums()
+        window_peak: int | None = None
         for n in self._recent:
             window.add(n)
+            window_peak = _max(window_peak, n.verify_peak_bytes)
         total = self._total
         return StatsSnapshot(
             requests=self.requests,
@@ -258,4 +269,10 @@ class SpecStats:
             total=total.rates(baseline),
             window=window.rates(baseline),
             ewma=self._ewma.rates(baseline),
+            verify_peak_bytes=self._verify_peak,
+            window_verify_peak_bytes=window_peak,
         )
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)

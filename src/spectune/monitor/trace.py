@@ -7,10 +7,11 @@ One JSON object per line, told apart by ``event``:
                later ``request`` event with the same id adds to its info (``generate
                --compare`` records the plain-decoding rate it measured after the run).
 - ``step``     one per engine step: every ``StepRecord`` field (``emitted`` as a list of
-               token ids), ``overhead_time``, ``fallback_kind`` (the reason's kind, see
-               ``spectune.monitor.stats``), and ``policy``: the policy's state after it
-               observed the step (K it will ask next, window acceptance, phases of the
-               fallback checks, ...).
+               token ids; ``verify_peak_bytes``, the verification's peak memory, see
+               ``spectune.devices.VerifyMemory``), ``overhead_time``, ``fallback_kind``
+               (the reason's kind, see ``spectune.monitor.stats``), and ``policy``: the
+               policy's state after it observed the step (K it will ask next, window
+               acceptance, phases of the fallback checks, ...).
 - ``end``      the request is done: ``summary``, its statistics snapshot.
 
 Readers skip events they do not know, so later versions can add some.
@@ -143,13 +144,15 @@ def _record(event: dict[str, Any]) -> StepRecord:
         fallback=event.get("fallback"),
         finish_reason=event.get("finish_reason"),
         verify_groups=_groups(event.get("verify_groups", 1)),  # absent in older traces
-        tree_depth=_depth(event.get("tree_depth")),
+        tree_depth=_count(event.get("tree_depth"), "tree_depth"),
+        verify_peak_bytes=_count(event.get("verify_peak_bytes"), "verify_peak_bytes"),
     )
 
 
-def _depth(value: Any) -> int | None:
+def _count(value: Any, name: str) -> int | None:
+    """An optional non-negative integer field (absent in older traces)."""
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-        raise ValueError("tree_depth must be a non-negative integer or null")
+        raise ValueError(f"{name} must be a non-negative integer or null")
     return value
 
 

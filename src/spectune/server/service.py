@@ -265,7 +265,9 @@ class Service:
                 type="rate_limit_error",
                 code="too_many_requests",
             ) from exc
-        watch = self.monitor.request(policy=prepared.policy, request_id=request_id)
+        # The temperature goes into the trace's request info: ``spectune tune`` reads it.
+        info = {"temperature": prepared.params.temperature, "prompt_tokens": len(prepared.prompt)}
+        watch = self.monitor.request(policy=prepared.policy, request_id=request_id, info=info)
         engine_done = False  # the engine finished the request and freed its row itself
         client_gone = False
         finished = False  # the last delta (with its finish reason) was handed out
