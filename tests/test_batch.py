@@ -8,16 +8,17 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from spectune.batch import BatchEngine
-from spectune.batch_feature_draft import BatchFeatureDrafter
 from spectune.control.base import FixedK
+from spectune.decode.batch import BatchEngine
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import FailingDrafter, ModelDrafter, NgramDrafter, ScriptedDrafter
 from spectune.drafters.base import Drafter
+from spectune.drafters.batched_feature import BatchFeatureDrafter
 from spectune.drafters.feature import FeatureDrafter
-from spectune.engine import SpeculativeEngine, StepRecord
 from spectune.errors import BatchFullError, InvalidParameterError, PromptError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import perturbed, toy_config, toy_model
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams
 
 PROMPTS = {

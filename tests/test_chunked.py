@@ -5,23 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectune.chunked import (
-    GroupedVerification,
-    best_groups,
-    chunked_pays,
-    expected_chunked_cost,
-    group_bounds,
-    verify_in_groups,
-)
-from spectune.control.base import FixedK
+from spectune.control.base import FixedK, GroupedVerification
+from spectune.control.chunking import best_groups, chunked_pays, expected_chunked_cost, group_bounds
+from spectune.control.costs import CostCurve
 from spectune.control.registry import make_policy
-from spectune.costs import CostCurve
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import ModelDrafter
-from spectune.engine import SpeculativeEngine, StepRecord
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams, process_logits
-from spectune.verify import verify_greedy, verify_sampled
+from spectune.verify.chain import verify_greedy, verify_sampled
+from spectune.verify.grouped import verify_in_groups
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from spectune.control import make_policy
+from spectune.control.costs import CostCurve
 from spectune.control.replay import fake_record
-from spectune.costs import CostCurve
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import ModelDrafter
-from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
 from spectune.monitor import Monitor, SpecStats, fallback_kind
 from spectune.sampling import SamplingParams

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 import torch
 
 from spectune.control.base import KPolicy
+from spectune.decode.engine import Generation, SpeculativeEngine
 from spectune.drafters.base import Drafter
-from spectune.engine import Generation, SpeculativeEngine
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams
 

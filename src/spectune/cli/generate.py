@@ -18,17 +18,17 @@ from spectune.cli.common import (
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
+from spectune.decode.engine import Generation, SpeculativeEngine
+from spectune.decode.text import stream_text
 from spectune.drafters.base import Drafter
+from spectune.drafters.pairing import tree_drafter_for
 from spectune.drafters.tree import TreeGrower, TreeShape
-from spectune.engine import Generation, SpeculativeEngine
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
+from spectune.models.tokenizer import Tokenizer, check_text
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.trace import TraceWriter
-from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
-from spectune.textgen import stream_text
-from spectune.tokenizer import Tokenizer, check_text
 
 __all__ = ["register"]
 

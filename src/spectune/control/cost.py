@@ -1,6 +1,6 @@
 """``cost``: the K that maximises predicted speedup, from measured acceptance and costs.
 
-Each decision evaluates ``spectune.costs.optimal_k``:
+Each decision evaluates ``spectune.control.costs.optimal_k``:
 
     S(K) = (1 - alpha^(K+1)) / ((1 - alpha) (K c + v(K))),   S(0) = 1 (plain decoding)
 
@@ -12,7 +12,7 @@ with every input measured on the running request:
 - c, the draft cost: EWMA seconds per drafted token over the seconds of a one-token
   target step.
 - v(K), the verification curve: the ``cost_curve`` given at construction (measured with
-  ``spectune.costs.measure_forward_curve``); its shape is used, and its scale is taken
+  ``spectune.control.costs.measure_forward_curve``); its shape is used, and its scale is taken
   from the request's own target times so machine load cancels. Without a curve the policy
   learns one from the records: an EWMA of target_time per chunk size (k + 1 tokens), a
   least-squares line t(n) = a + b n through the sizes seen; while only one size has been
@@ -20,7 +20,7 @@ with every input measured on the running request:
   1 + prior (n - 1)). Plain steps measure n = 1, so a request that ever decodes plainly
   learns the intercept.
 
-Chunked verification (``spectune.chunked``): with ``max_verify_groups > 1`` the policy also
+Chunked verification (``spectune.verify.grouped``): with ``max_verify_groups > 1`` the policy also
 chooses, for each K, the number of verification groups m with the lowest expected target
 cost (group j runs only if the draft survived the groups before it), and S(K) uses that
 cost in place of v(K). Chunking is taken only when it beats one pass by ``margin``; on a
@@ -37,15 +37,12 @@ beats the current K's by ``margin`` (hysteresis against noise).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from spectune.chunked import best_groups, expected_chunked_cost
 from spectune.control.base import PolicyState
-from spectune.costs import CostCurve, expected_tokens_per_step
+from spectune.control.chunking import best_groups, expected_chunked_cost
+from spectune.control.costs import CostCurve, expected_tokens_per_step
 from spectune.errors import InvalidParameterError
-
-if TYPE_CHECKING:
-    from spectune.engine import StepRecord
+from spectune.records import MAX_K, StepRecord
 
 __all__ = ["CostConfig", "CostK", "LearnedCurve"]
 
@@ -62,8 +59,6 @@ class CostConfig:
     max_verify_groups: int = 4  # chunked verification in up to this many groups (1: never)
 
     def __post_init__(self) -> None:
-        from spectune.engine import MAX_K
-
         if not 1 <= self.max_k <= MAX_K or not 1 <= self.initial_k <= self.max_k:
             raise InvalidParameterError(
                 f"need 1 <= initial_k <= max_k <= {MAX_K}, got "

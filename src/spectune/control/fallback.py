@@ -27,15 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from spectune.chunked import GroupedVerification
-from spectune.control.base import KPolicy, PolicyState, ReportsState
-from spectune.costs import CostCurve
+from spectune.control.base import GroupedVerification, KPolicy, PolicyState, ReportsState
+from spectune.control.costs import CostCurve
 from spectune.errors import InvalidParameterError
-
-if TYPE_CHECKING:
-    from spectune.engine import StepRecord
+from spectune.records import StepRecord
 
 __all__ = [
     "FallbackCheck",

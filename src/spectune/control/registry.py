@@ -17,6 +17,7 @@ from typing import Any
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.config import PolicySpec, options_into
 from spectune.control.cost import CostConfig, CostK
+from spectune.control.costs import CostCurve
 from spectune.control.fallback import (
     FallbackCheck,
     GlobalFallback,
@@ -26,7 +27,6 @@ from spectune.control.fallback import (
     LocalFallbackConfig,
 )
 from spectune.control.threshold import ThresholdConfig, ThresholdK
-from spectune.costs import CostCurve
 from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams
 

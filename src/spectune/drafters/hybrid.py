@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from spectune.drafters.base import Draft, Drafter, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.drafters.suffix import SuffixDrafter
 from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from spectune.drafters.base import Draft, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import TargetFeatures
 from spectune.drafters.suffix_index import (
     SEP,
     HistoryStore,

@@ -2,7 +2,7 @@
 
 A ``LanguageModel`` knows nothing about text: it maps token ids at positions to logits,
 appending keys and values to a cache it created. Tokenization lives in
-``spectune.tokenizer``; sampling in ``spectune.sampling``.
+``spectune.models.tokenizer``; sampling in ``spectune.sampling``.
 """
 
 from __future__ import annotations

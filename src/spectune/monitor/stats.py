@@ -32,12 +32,9 @@ from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
-from spectune.costs import CostCurve
-
-if TYPE_CHECKING:
-    from spectune.engine import StepRecord
+from spectune.control.costs import CostCurve
+from spectune.records import StepRecord
 
 __all__ = [
     "FALLBACK_KINDS",

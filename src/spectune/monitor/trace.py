@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from spectune.control.base import PolicyState
-from spectune.engine import StepRecord
 from spectune.errors import SpectuneError
 from spectune.monitor.stats import StatsSnapshot, fallback_kind
+from spectune.records import StepRecord
 
 __all__ = ["TraceError", "TraceRequest", "TraceStep", "TraceWriter", "read_trace", "to_json"]
 

@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 
 from spectune.control.base import KPolicy
-from spectune.engine import StepRecord
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -48,7 +48,7 @@ class Update(Protocol):
 
 
 class StepEngine(Protocol):
-    """What the scheduler needs of a batch engine (``spectune.batch.BatchEngine``)."""
+    """What the scheduler needs of a batch engine (``spectune.decode.batch.BatchEngine``)."""
 
     @property
     def active(self) -> int: ...

@@ -21,12 +21,14 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from spectune.batch_draft import DraftRequest, propose_ready, ragged_forward, row_view
-from spectune.drafters.base import Draft, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import TargetFeatures
+from spectune.drafters.batched import DraftRequest, propose_ready
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.model import choose_token, common_prefix
-from spectune.kv_cache import StaticKVCache
 from spectune.models.base import KVCache
+from spectune.models.kv_cache import StaticKVCache
+from spectune.models.rows import ragged_forward, row_view
 from spectune.sampling import process_logits
 
 __all__ = ["BatchFeatureDrafter"]

@@ -19,20 +19,21 @@ sequence samples.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from spectune.drafters.base import Draft, Drafter, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.drafters.model import choose_token, common_prefix
 from spectune.errors import InvalidParameterError
-from spectune.kv_cache import StaticKVCache
-from spectune.models.base import KVCache, LanguageModel, ModelOutput
+from spectune.models.base import LanguageModel
+from spectune.models.kv_cache import StaticKVCache
+from spectune.models.rows import forward_row, ragged_forward
 from spectune.sampling import SamplingParams, process_logits
 
 __all__ = [
@@ -40,70 +41,8 @@ __all__ = [
     "BatchModelDrafter",
     "DraftRequest",
     "PerSequenceDrafters",
-    "forward_row",
-    "forward_rows",
     "propose_ready",
-    "ragged_forward",
-    "row_view",
 ]
-
-T = TypeVar("T")
-
-
-@contextmanager
-def row_view(cache: KVCache, start: int, stop: int) -> Iterator[KVCache]:
-    """Rows ``[start, stop)`` of ``cache`` as a cache of their own, their lengths written back
-    on exit. The whole cache is itself (a cache that is not a ``StaticKVCache`` holds one
-    sequence and can only be used whole)."""
-    if start == 0 and stop == cache.batch_size:
-        yield cache
-        return
-    if not isinstance(cache, StaticKVCache):
-        raise TypeError("row views need the native runtime's StaticKVCache")
-    view = cache.rows(start, stop)
-    try:
-        yield view
-    finally:
-        cache.lengths[start:stop] = view.lengths
-
-
-def forward_rows(
-    model: LanguageModel,
-    cache: KVCache,
-    num_rows: int,
-    tokens: Tensor,  # [num_rows, chunk] int64
-    positions: Tensor | None = None,  # [num_rows, chunk] int64
-    chunk_mask: Tensor | None = None,  # [num_rows, chunk, chunk] bool
-) -> ModelOutput:
-    """Forward the leading ``num_rows`` rows of ``cache`` only (the active sequences)."""
-    with row_view(cache, 0, num_rows) as view:
-        return model.forward(tokens, view, positions=positions, chunk_mask=chunk_mask)
-
-
-def forward_row(
-    model: LanguageModel,
-    cache: KVCache,
-    row: int,
-    tokens: Tensor,  # [1, chunk] int64
-) -> ModelOutput:
-    """Forward one row of ``cache`` (a prefill for a sequence joining the batch)."""
-    with row_view(cache, row, row + 1) as view:
-        return model.forward(tokens, view)
-
-
-def ragged_forward(
-    cache: KVCache, num_rows: int, used: Sequence[int], forward: Callable[[KVCache], T]
-) -> T:
-    """Run ``forward`` over the leading ``num_rows`` rows, each given a padded chunk of which
-    only ``used[row]`` tokens are real, then truncate every row back to its length before
-    plus ``used[row]``: the padding is forgotten (causal attention kept the real tokens
-    blind to it, since it comes after them)."""
-    before = [cache.length(row) for row in range(num_rows)]
-    with row_view(cache, 0, num_rows) as view:
-        out = forward(view)
-    for row in range(num_rows):
-        cache.truncate(before[row] + used[row], row)
-    return out
 
 
 def propose_ready(

@@ -5,8 +5,8 @@ sequence by one speculative step:
 
 1. K per sequence from its own policy (0 above ``speculate_max_batch`` active sequences,
    where speculation stops paying, and for sequences whose drafter failed).
-2. Draft: one draft pass per draft step over the batch (``spectune.batch_draft``; a
-   feature head: ``spectune.batch_feature_draft``). With a ``draft_deadline``, a pass
+2. Draft: one draft pass per draft step over the batch (``spectune.drafters.batched``; a
+   feature head: ``spectune.drafters.batched_feature``). With a ``draft_deadline``, a pass
    that takes longer is abandoned and the step decodes plainly (below).
 3. One target pass over ``[batch, 1 + max K]``: row b is ``[pending_b, draft_b..., pad]``.
 4. Per sequence: verify (``engine.verify_draft``), roll back its row to what it kept,
@@ -30,7 +30,7 @@ may round differently from a single-row one, which can flip a greedy near-tie.
 Step times in the records are the batch's (every sequence of a step shares them).
 
 Draft deadline: a drafter that hangs must not stall the batch. With ``draft_deadline``
-seconds set, the draft pass runs in a worker thread (``spectune.deadline``); past the
+seconds set, the draft pass runs in a worker thread (``spectune.decode.deadline``); past the
 deadline the step goes on without drafts. The late pass may still be running inside the
 drafter, so the drafter is not touched again until it returns: every sequence in the
 batch then decodes plainly to its end (fallback ``draft_deadline``, as for a drafter
@@ -46,37 +46,36 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spectune.batch_draft import (
-    BatchDrafter,
-    BatchModelDrafter,
-    DraftRequest,
-    PerSequenceDrafters,
-    forward_row,
-    forward_rows,
-)
-from spectune.batch_feature_draft import BatchFeatureDrafter
 from spectune.control.base import FixedK, KPolicy
-from spectune.crossover import load_crossover
-from spectune.deadline import DeadlineCall, DeadlineExceeded
-from spectune.drafters.base import Draft, Drafter, TargetFeatures
-from spectune.drafters.feature import FeatureDrafter
-from spectune.drafters.ngram import NgramDrafter
-from spectune.engine import (
+from spectune.control.crossover import load_crossover
+from spectune.decode.deadline import DeadlineCall, DeadlineExceeded
+from spectune.decode.step import (
     CHUNK_SLACK,
-    StepRecord,
-    StopCondition,
     check_draft,
     check_prompt,
     cut_at_stops,
     fit_to_room,
+    keep_path,
     request_generator,
-    verify_draft,
 )
+from spectune.draft import Draft, chain_parents, tree_layout
+from spectune.drafters.base import Drafter, TargetFeatures
+from spectune.drafters.batched import (
+    BatchDrafter,
+    BatchModelDrafter,
+    DraftRequest,
+    PerSequenceDrafters,
+)
+from spectune.drafters.batched_feature import BatchFeatureDrafter
+from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import BatchFullError, InvalidParameterError
-from spectune.kv_cache import StaticKVCache
 from spectune.models.base import LanguageModel
+from spectune.models.kv_cache import StaticKVCache
+from spectune.models.rows import forward_row, forward_rows
+from spectune.records import StepRecord, StopCondition
 from spectune.sampling import SamplingParams
-from spectune.tree import chain_parents, keep_path, tree_layout
+from spectune.verify.draft import verify_draft
 
 __all__ = ["BatchEngine", "SequenceUpdate"]
 
@@ -140,7 +139,7 @@ class BatchEngine:
     (prompt + output).
     ``speculate_max_batch``: above this many active sequences every step is plain; None
     reads the crossover ``spectune experiment batch`` measured for this target and draft
-    (``spectune.crossover``: this machine's, else the shipped one), and speculates at
+    (``spectune.control.crossover``: this machine's, else the shipped one), and speculates at
     every size if there is none.
     ``policy_factory`` makes each request's K policy (default: ``FixedK(4)`` with a
     draft, ``FixedK(0)`` without).

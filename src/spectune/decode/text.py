@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from spectune.control.base import KPolicy
-from spectune.engine import SpeculativeEngine, StepRecord
+from spectune.decode.engine import SpeculativeEngine
+from spectune.models.tokenizer import IncrementalDecoder, Tokenizer
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams
-from spectune.tokenizer import IncrementalDecoder, Tokenizer
 
 __all__ = ["StopStrings", "TextChunk", "stream_text"]
 

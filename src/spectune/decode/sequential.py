@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from spectune.control.base import FixedK, KPolicy
+from spectune.decode.engine import SpeculativeEngine
+from spectune.decode.step import check_prompt
 from spectune.drafters.base import Drafter
-from spectune.engine import SpeculativeEngine, StepRecord, check_prompt
 from spectune.models.base import LanguageModel
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams
 
 __all__ = ["BatchGate", "SequenceFailed", "SequenceUpdate", "SequentialBatchEngine"]
@@ -24,7 +26,7 @@ __all__ = ["BatchGate", "SequenceFailed", "SequenceUpdate", "SequentialBatchEngi
 
 @dataclass(frozen=True)
 class SequenceUpdate:
-    """One step of one sequence (the shape ``spectune.batch`` returns too)."""
+    """One step of one sequence (the shape ``spectune.decode.batch`` returns too)."""
 
     request_id: str
     record: StepRecord
@@ -47,7 +49,7 @@ class BatchGate:
     """Wraps a request's K policy: no speculation while the batch is larger than ``limit``.
 
     Above that size the target is compute-bound on the batch and verifying drafts costs
-    more than it saves (see ``spectune.costs``); the gate reports why it held K at 0.
+    more than it saves (see ``spectune.control.costs``); the gate reports why it held K at 0.
     """
 
     def __init__(self, inner: KPolicy, batch_size: Callable[[], int], limit: int | None) -> None:
