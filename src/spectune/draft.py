@@ -42,6 +42,7 @@ __all__ = [
     "MAX_TREE_NODES",
     "Draft",
     "chain_parents",
+    "empty_draft",
     "check_parents",
     "tree_depths",
     "tree_layout",
@@ -70,6 +71,18 @@ class Draft:
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def depth(self) -> int | None:
+        """A tree's longest path (the draft positions one path can test); None for a chain."""
+        if self.parents is None:
+            return None
+        return max(tree_depths(self.parents.tolist()), default=0)
+
+
+def empty_draft() -> Draft:
+    """No draft: the step decodes plainly (the target's token only)."""
+    return Draft(torch.zeros(0, dtype=torch.long), None)
 
 
 def chain_parents(num_nodes: int) -> Tensor:

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from spectune.errors import InvalidParameterError
 
-__all__ = ["MAX_K", "StepRecord", "StopCondition", "validate_k"]
+__all__ = ["MAX_K", "StepRecord", "StopCondition", "drafter_error", "validate_k"]
 
 MAX_K = 32  # beyond this a chain draft is never accepted in full; larger K is a mistake
 
@@ -56,3 +56,9 @@ class StepRecord:
         denominator of acceptance: a tree of 8 nodes and depth 2 can keep 2 tokens at
         most, so accepted / drafted would understate how well it did."""
         return self.drafted if self.tree_depth is None else self.tree_depth
+
+
+def drafter_error(exc: BaseException) -> str:
+    """The fallback reason a drafter's exception becomes: ``drafter_error: <message>``,
+    its first line only, at most 200 characters (it goes into every later record)."""
+    return f"drafter_error: {exc}".splitlines()[0][:200]

@@ -83,7 +83,12 @@ class Decoder(Protocol):
     the same ``run`` slots in here without touching the benchmark."""
 
     def run(
-        self, prompt: Sequence[int], params: SamplingParams, **kwargs: object
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        policy: KPolicy | None = None,
+        generator: torch.Generator | None = None,
     ) -> Generation: ...
 
 

@@ -88,8 +88,9 @@ def summary(gen: Generation, watch: RequestMonitor | None = None) -> dict[str, A
         "finish_reason": gen.finish_reason,
         "prefill_seconds": round(gen.prefill_time, 4),
         "decode_seconds": round(gen.decode_time, 4),
-        # token-level fallbacks (rejections resampled) and steps under each other fallback
-        "rejections": sum(1 for s in gen.steps if s.accepted < s.drafted),
+        # token-level fallbacks (steps cut short by a rejection: fewer kept than the positions
+        # tested, as the monitor counts them) and steps under each other fallback
+        "rejections": sum(1 for s in gen.steps if s.accepted < s.positions),
         "fallback_steps": fallbacks,
     }
 
@@ -108,9 +109,7 @@ def decode(
     for chunk in stream_text(engine, tokenizer, prompt, params, policy=policy):
         if watch is not None:
             watch.observe(chunk.record)
-        gen.tokens.extend(chunk.record.emitted)
-        gen.steps.append(chunk.record)
-        gen.finish_reason = chunk.record.finish_reason
+        gen.add(chunk.record)
         text.append(chunk.text)
         if echo:
             sys.stdout.write(chunk.text)

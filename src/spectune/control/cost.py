@@ -1,6 +1,7 @@
 """``cost``: the K that maximises predicted speedup, from measured acceptance and costs.
 
-Each decision evaluates ``spectune.control.costs.optimal_k``:
+Each decision evaluates the analytic speedup of ``spectune.control.costs`` (the formula of
+``predicted_speedup``, with chunked verification's cost where it is chosen):
 
     S(K) = (1 - alpha^(K+1)) / ((1 - alpha) (K c + v(K))),   S(0) = 1 (plain decoding)
 
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 
 from spectune.control.base import PolicyState
 from spectune.control.chunking import best_groups, expected_chunked_cost
-from spectune.control.costs import CostCurve, expected_tokens_per_step
+from spectune.control.costs import CostCurve, ewma, predicted_speedup
 from spectune.errors import InvalidParameterError
 from spectune.records import MAX_K, StepRecord
 
@@ -153,7 +154,7 @@ class CostK:
         if record.target_time > 0.0 and record.verify_groups == 1:
             if self.cost_curve is not None:
                 one = record.target_time / self.cost_curve.relative(record.drafted)
-                self.target_one = _ewma(self.target_one, one, w)
+                self.target_one = ewma(self.target_one, one, w)
             else:
                 self.learned.observe(tokens, record.target_time)
                 self.target_one = self.learned.time(1)
@@ -164,7 +165,7 @@ class CostK:
         rejected = 1 if record.accepted < record.positions else 0
         self.accepted = (1.0 - w) * self.accepted + w * record.accepted
         self.tested = (1.0 - w) * self.tested + w * (record.accepted + rejected)
-        self.draft_token_time = _ewma(self.draft_token_time, record.draft_time / record.drafted, w)
+        self.draft_token_time = ewma(self.draft_token_time, record.draft_time / record.drafted, w)
         self.speculative_steps += 1
         if self.k == 0:
             self.plain_tokens = 0  # that was a probe
@@ -187,10 +188,8 @@ class CostK:
 
     def _speedup(self, alpha: float, cost: float, curve: CostCurve, k: int) -> float:
         """S(k) with the verification the policy would choose for k (one pass or groups)."""
-        if k == 0:
-            return 1.0
-        verify = expected_chunked_cost(curve, alpha, k, self._groups(alpha, curve, k))
-        return expected_tokens_per_step(alpha, k) / (k * cost + verify)
+        verify = expected_chunked_cost(curve, alpha, k, self._groups(alpha, curve, k)) if k else 1.0
+        return predicted_speedup(alpha, cost, curve, k, verify_cost=verify)
 
     def verify_groups(self, k: int) -> int | None:
         """Chunked verification for this step's k, once alpha and the costs are known."""
@@ -232,7 +231,3 @@ class CostK:
             "draft_cost": None if cost is None else round(cost, 4),
             "predicted_speedup": None if self.predicted is None else round(self.predicted, 4),
         }
-
-
-def _ewma(old: float | None, new: float, weight: float) -> float:
-    return new if old is None else (1.0 - weight) * old + weight * new

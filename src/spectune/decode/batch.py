@@ -51,6 +51,7 @@ from spectune.control.crossover import load_crossover
 from spectune.decode.deadline import DeadlineCall, DeadlineExceeded
 from spectune.decode.step import (
     CHUNK_SLACK,
+    SequenceUpdate,
     check_draft,
     check_prompt,
     cut_at_stops,
@@ -58,13 +59,14 @@ from spectune.decode.step import (
     keep_path,
     request_generator,
 )
-from spectune.draft import Draft, chain_parents, tree_layout
+from spectune.draft import Draft, chain_parents, empty_draft, tree_layout
 from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.drafters.batched import (
     BatchDrafter,
     BatchModelDrafter,
     DraftRequest,
     PerSequenceDrafters,
+    Refusal,
 )
 from spectune.drafters.batched_feature import BatchFeatureDrafter
 from spectune.drafters.feature import FeatureDrafter
@@ -73,22 +75,13 @@ from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.models.kv_cache import StaticKVCache
 from spectune.models.rows import forward_row, forward_rows
-from spectune.records import StepRecord, StopCondition
+from spectune.records import StepRecord, StopCondition, drafter_error
 from spectune.sampling import SamplingParams
 from spectune.verify.draft import verify_draft
 
 __all__ = ["BatchEngine", "SequenceUpdate"]
 
-SLACK = CHUNK_SLACK  # slots a row may be written past its length (chunk and padding)
 DRAFT_DEADLINE = "draft_deadline"  # the fallback kind of a draft pass past its deadline
-
-
-@dataclass(frozen=True)
-class SequenceUpdate:
-    """What one step did for one sequence."""
-
-    request_id: str
-    record: StepRecord
 
 
 @dataclass
@@ -106,10 +99,6 @@ class _Sequence:
     output: list[int] = field(default_factory=list)
     drafter_failure: str | None = None
     index: int = 0
-
-
-def _no_draft(_: int) -> Draft:
-    return Draft(torch.zeros(0, dtype=torch.long), None)
 
 
 def tree_inputs(
@@ -167,14 +156,14 @@ class BatchEngine:
         self.target = target
         self.max_batch = max_batch
         try:
-            self.cache = target.new_cache(batch_size=max_batch, capacity=capacity + SLACK)
+            self.cache = target.new_cache(batch_size=max_batch, capacity=capacity + CHUNK_SLACK)
         except ValueError as exc:
             raise InvalidParameterError(
                 f"the target cannot decode a batch of {max_batch}: {exc}"
             ) from exc
         if max_batch > 1 and not isinstance(self.cache, StaticKVCache):
             raise InvalidParameterError("batches of more than one need the native runtime")
-        self.capacity = min(capacity, self.cache.capacity - SLACK)
+        self.capacity = min(capacity, self.cache.capacity - CHUNK_SLACK)
         if self.capacity < 2:
             raise InvalidParameterError("the target's context is too short to batch")
         self.policy_factory = policy_factory
@@ -204,9 +193,13 @@ class BatchEngine:
                 )
             return PerSequenceDrafters(NgramDrafter, self.max_batch)
         if isinstance(draft, LanguageModel):
-            return BatchModelDrafter(draft, self.max_batch, self.capacity + SLACK, SLACK)
+            return BatchModelDrafter(
+                draft, self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK
+            )
         if isinstance(draft, FeatureDrafter):
-            return BatchFeatureDrafter(draft, self.max_batch, self.capacity + SLACK, SLACK)
+            return BatchFeatureDrafter(
+                draft, self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK
+            )
         return PerSequenceDrafters(draft, self.max_batch)
 
     @property
@@ -230,11 +223,13 @@ class BatchEngine:
         *,
         generator: torch.Generator | None = None,
         stop: StopCondition | None = None,
+        policy: KPolicy | None = None,
     ) -> None:
         """Join the batch: checks the request, then prefills its row (all but the last token).
 
         Raises ``BatchFullError`` when every row is taken, ``InvalidParameterError`` for a
-        request id already active, ``PromptError`` for a bad prompt.
+        request id already active, ``PromptError`` for a bad prompt. ``policy`` overrides
+        ``policy_factory``.
         """
         info = self.target.info
         if request_id in self._by_id:
@@ -243,9 +238,9 @@ class BatchEngine:
             raise BatchFullError(f"the batch is full ({self.max_batch} sequences)")
         prompt = check_prompt(prompt, info.vocab_size, self.capacity)
         generator = generator or request_generator(params)
-        if self.policy_factory is not None:
+        if policy is None and self.policy_factory is not None:
             policy = self.policy_factory(params)
-        else:
+        elif policy is None:
             policy = FixedK(4 if self.drafter is not None else 0)
         row = len(self._rows)
         # The single-sequence engine's capacity, so both finish on "length" alike.
@@ -265,7 +260,7 @@ class BatchEngine:
             try:
                 self.drafter.add(row, prompt, features)
             except Exception as exc:  # a drafter that cannot start: decode this one plainly
-                seq.drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
+                seq.drafter_failure = drafter_error(exc)
         self._rows.append(seq)
         self._by_id[request_id] = seq
 
@@ -298,13 +293,13 @@ class BatchEngine:
 
     def _propose(
         self, drafter: BatchDrafter, requests: list[DraftRequest], num_rows: int
-    ) -> list[Draft | str]:
+    ) -> list[Draft | Refusal]:
         if self.draft_deadline is None:
             return drafter.propose(requests, num_rows)
         # The worker thread gets this thread's autograd modes (they are per thread).
         inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
 
-        def propose() -> list[Draft | str]:
+        def propose() -> list[Draft | Refusal]:
             with torch.inference_mode(inference), torch.set_grad_enabled(grad):
                 return drafter.propose(requests, num_rows)
 
@@ -337,7 +332,7 @@ class BatchEngine:
             fallbacks.append(reason)
 
         # 2. Draft: one batched pass per draft step; a failure falls back for its sequence.
-        drafts = [_no_draft(0) for _ in seqs]
+        drafts = [empty_draft() for _ in seqs]
         draft_time = 0.0
         requests = [
             DraftRequest(s.row, s.context, k, s.params, s.generator)
@@ -354,22 +349,21 @@ class BatchEngine:
                 reason = f"{DRAFT_DEADLINE}: {exc}; no drafts for this request"
                 for seq in seqs:
                     seq.drafter_failure = seq.drafter_failure or reason
-                proposed = [reason] * len(requests)
+                proposed = [Refusal(reason)] * len(requests)
             except Exception as exc:  # the whole pass failed: its sequences decode plainly
-                proposed = [f"drafter_error: {exc}".splitlines()[0][:200]] * len(requests)
+                proposed = [Refusal(drafter_error(exc))] * len(requests)
             for req, proposal in zip(requests, proposed, strict=True):
                 seq = seqs[req.row]
-                if isinstance(proposal, str):
-                    if proposal == "draft_context_full":
-                        fallbacks[req.row] = proposal  # this step only
-                        continue
-                    seq.drafter_failure = fallbacks[req.row] = proposal
+                if isinstance(proposal, Refusal):
+                    fallbacks[req.row] = proposal.reason
+                    if proposal.permanent:
+                        seq.drafter_failure = proposal.reason
                     continue
                 room = seq.capacity - len(seq.context)
                 try:
                     drafts[req.row] = fit_to_room(check_draft(proposal, req.k, vocab), room - 1)
                 except Exception as exc:
-                    seq.drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
+                    seq.drafter_failure = drafter_error(exc)
                     fallbacks[req.row] = seq.drafter_failure
             draft_time = time.perf_counter() - draft_start
 
@@ -418,6 +412,7 @@ class BatchEngine:
                 step_time=time.perf_counter() - step_start,
                 fallback=fallback,
                 finish_reason=finish,
+                tree_depth=draft.depth,
             )
             seq.policy.observe(record)
             seq.index += 1

@@ -28,11 +28,11 @@ from spectune.decode.step import (
     keep_path,
     request_generator,
 )
-from spectune.draft import Draft, tree_depths, tree_layout
+from spectune.draft import Draft, empty_draft, tree_layout
 from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.errors import InvalidParameterError
 from spectune.models.base import KVCache, LanguageModel
-from spectune.records import StepRecord, StopCondition
+from spectune.records import StepRecord, StopCondition, drafter_error
 from spectune.sampling import SamplingParams
 from spectune.verify.chain import VerifyResult
 from spectune.verify.draft import verify_draft
@@ -50,6 +50,12 @@ class Generation:
     steps: list[StepRecord] = field(default_factory=list)
     prefill_time: float = 0.0
     finish_reason: str | None = None
+
+    def add(self, record: StepRecord) -> None:
+        """Take one step's record: its tokens, the record itself, the finish reason."""
+        self.tokens.extend(record.emitted)
+        self.steps.append(record)
+        self.finish_reason = record.finish_reason
 
     @property
     def drafted(self) -> int:
@@ -93,14 +99,20 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.verify_groups = verify_groups
 
-    def run(self, prompt: Sequence[int], params: SamplingParams, **kwargs: object) -> Generation:
+    def run(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        policy: KPolicy | None = None,
+        generator: torch.Generator | None = None,
+        stop: StopCondition | None = None,
+    ) -> Generation:
         """Decode to completion and collect the result (see ``generate`` for arguments)."""
         result = Generation(prompt_tokens=list(prompt))
         start = time.perf_counter()
-        for record in self.generate(prompt, params, **kwargs):  # type: ignore[arg-type]
-            result.tokens.extend(record.emitted)
-            result.steps.append(record)
-            result.finish_reason = record.finish_reason
+        for record in self.generate(prompt, params, policy=policy, generator=generator, stop=stop):
+            result.add(record)
         # Whatever the steps did not account for is the prefill (and the first setup).
         result.prefill_time = time.perf_counter() - start - result.decode_time
         return result
@@ -155,16 +167,16 @@ class SpeculativeEngine:
 
             # 3. Draft (a chain, or a tree when the drafter returns parents).
             draft_time = 0.0
-            draft = Draft(torch.zeros(0, dtype=torch.long), None)
+            draft = empty_draft()
             if k > 0 and drafter is not None:
                 draft_start = time.perf_counter()
                 try:
                     proposed = drafter.propose(context, k, params, generator)
                     draft = fit_to_room(check_draft(proposed, k, info.vocab_size), room - 1)
                 except Exception as exc:  # any drafter failure falls back to plain decoding
-                    drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
+                    drafter_failure = drafter_error(exc)
                     fallback = drafter_failure
-                    draft = Draft(torch.zeros(0, dtype=torch.long), None)
+                    draft = empty_draft()
                 draft_time = time.perf_counter() - draft_start
 
             # 4. One target pass over the pending token and the draft (a tree goes in with
@@ -224,11 +236,7 @@ class SpeculativeEngine:
                 fallback=fallback,
                 finish_reason=finish,
                 verify_groups=groups,
-                tree_depth=(
-                    None
-                    if draft.parents is None
-                    else max(tree_depths(draft.parents.tolist()), default=0)
-                ),
+                tree_depth=draft.depth,
             )
             policy.observe(record)
             yield record

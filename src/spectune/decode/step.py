@@ -8,17 +8,19 @@ The single-sequence engine (``spectune.decode.engine``) and the batched one
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from spectune.draft import MAX_TREE_NODES, Draft, check_parents, tree_depths, trim_tree
 from spectune.errors import DrafterError, PromptError
 from spectune.models.base import KVCache
-from spectune.records import MAX_K, StopCondition
+from spectune.records import MAX_K, StepRecord, StopCondition
 from spectune.sampling import SamplingParams
 
 __all__ = [
     "CHUNK_SLACK",
+    "SequenceUpdate",
     "check_draft",
     "check_prompt",
     "cut_at_stops",
@@ -29,6 +31,14 @@ __all__ = [
 
 # Slots a step may write past the context: the pending token plus a chain or a tree.
 CHUNK_SLACK = max(MAX_K, MAX_TREE_NODES) + 1
+
+
+@dataclass(frozen=True)
+class SequenceUpdate:
+    """What one step did for one request of a batch (both batch engines return these)."""
+
+    request_id: str
+    record: StepRecord
 
 
 def check_prompt(prompt: Sequence[int], vocab_size: int, context: int) -> list[int]:
@@ -126,9 +136,6 @@ def keep_path(cache: KVCache, row: int, length_before: int, path: Sequence[int])
     the cache again holds exactly the committed tokens at their own positions.
     """
     if list(path) != list(range(1, len(path) + 1)):
-        move_slots = getattr(cache, "move_slots", None)
-        if move_slots is None:
-            raise TypeError("tree compaction needs a cache with move_slots (native runtime)")
         src = length_before + torch.tensor(list(path), dtype=torch.long)  # [a]
-        move_slots(row, src, length_before + 1)
+        cache.move_slots(row, src, length_before + 1)
     cache.truncate(length_before + 1 + len(path), row)

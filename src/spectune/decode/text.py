@@ -1,7 +1,7 @@
 """Text around the token engine: stop strings and streamed, incrementally decoded text.
 
-The CLI and the server both decode through ``stream_text`` so they cut at stop strings
-and hold back partial UTF-8 the same way.
+The CLI decodes through ``stream_text``; the server assembles its text in
+``spectune.server.output.TextAssembler`` (which also holds back a partial stop string).
 """
 
 from __future__ import annotations

@@ -34,22 +34,39 @@ from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.models.kv_cache import StaticKVCache
 from spectune.models.rows import forward_row, ragged_forward
+from spectune.records import drafter_error
 from spectune.sampling import SamplingParams, process_logits
 
 __all__ = [
     "BatchDrafter",
     "BatchModelDrafter",
     "DraftRequest",
+    "CONTEXT_FULL",
     "PerSequenceDrafters",
+    "Refusal",
     "propose_ready",
 ]
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A batch drafter's answer for a request it cannot draft for; ``reason`` becomes the
+    step's fallback. A ``permanent`` refusal (the drafter failed) turns drafting off for the
+    rest of the request; a passing one (the draft cache is full) for this step only."""
+
+    reason: str
+    permanent: bool = True
+
+
+# The draft cache has no room for this request's context and draft (this step only).
+CONTEXT_FULL = Refusal("draft_context_full", permanent=False)
+
+
 def propose_ready(
     requests: Sequence[DraftRequest],
-    refuse: Callable[[DraftRequest], Draft | str | None],
+    refuse: Callable[[DraftRequest], Draft | Refusal | None],
     draft: Callable[[list[DraftRequest]], list[Draft]],
-) -> list[Draft | str]:
+) -> list[Draft | Refusal]:
     """One answer per request, in order: what ``refuse`` says for a request it turns away
     (a reason, or an empty draft), else its draft from one ``draft`` call over the rest."""
     answers = [refuse(req) for req in requests]
@@ -84,8 +101,8 @@ class BatchDrafter(Protocol):
         """The sequence at ``row`` left the batch."""
         ...
 
-    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | str]:
-        """One draft (or a one-line failure reason) per request, in request order.
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
+        """One draft (or a refusal saying why not) per request, in request order.
 
         ``num_rows`` is the number of active rows (requests cover a subset of them).
         Raising fails every request of the pass; the engine then decodes them plainly.
@@ -117,17 +134,17 @@ class PerSequenceDrafters:
     def free(self, row: int) -> None:
         self.drafters[row] = None
 
-    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | str]:
-        drafts: list[Draft | str] = []
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
+        drafts: list[Draft | Refusal] = []
         for req in requests:
             drafter = self.drafters[req.row]
             if drafter is None:
-                drafts.append("drafter_error: no drafter for this row")
+                drafts.append(Refusal("drafter_error: no drafter for this row"))
                 continue
             try:
                 drafts.append(drafter.propose(req.context, req.k, req.params, req.generator))
             except Exception as exc:  # one sequence's drafter failing never fails the batch
-                drafts.append(f"drafter_error: {exc}".splitlines()[0][:200])
+                drafts.append(Refusal(drafter_error(exc)))
         return drafts
 
     def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
@@ -175,9 +192,9 @@ class BatchModelDrafter:
     def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Nothing to do eagerly: the next ``propose`` syncs the row to ``context``."""
 
-    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | str]:
-        def refuse(req: DraftRequest) -> str | None:
-            return "draft_context_full" if len(req.context) + req.k > self.limit else None
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
+        def refuse(req: DraftRequest) -> Refusal | None:
+            return CONTEXT_FULL if len(req.context) + req.k > self.limit else None
 
         return propose_ready(requests, refuse, lambda ready: self._draft(ready, num_rows))
 

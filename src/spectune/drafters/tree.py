@@ -318,10 +318,9 @@ class TreeDrafter(SyncedModelCache, TreeGrower):
                 break
             slots.append(slot_of[child])
             current = child
-        move_slots = getattr(self.cache, "move_slots", None)
-        if not slots or move_slots is None:
+        if not slots:
             self.cache.truncate(min(self.cache.length(), last.prefix))
             return
-        move_slots(0, torch.tensor(slots, dtype=torch.long), last.prefix)
+        self.cache.move_slots(0, torch.tensor(slots, dtype=torch.long), last.prefix)
         self.cache.truncate(last.prefix + len(slots))
         self.ingested = list(context[: last.prefix + len(slots)])
