@@ -26,6 +26,7 @@ from spectune.models.base import LanguageModel
 
 __all__ = [
     "CostCurve",
+    "ewma",
     "expected_tokens_per_step",
     "measure_forward_curve",
     "measure_step_time",
