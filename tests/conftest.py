@@ -34,7 +34,7 @@ def toy_draft(toy_target: LlamaLM) -> LlamaLM:
 @pytest.fixture(scope="session")
 def smollm2():  # type: ignore[no-untyped-def]
     """The real default target (SmolLM2-135M-Instruct, fp32, native runtime) and tokenizer."""
-    from spectune.pairing import load_target
+    from spectune.drafters.pairing import load_target
 
     return load_target("default")
 

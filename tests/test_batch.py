@@ -8,16 +8,18 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from spectune.batch import BatchEngine
-from spectune.batch_feature_draft import BatchFeatureDrafter
 from spectune.control.base import FixedK
+from spectune.decode.batch import BatchEngine, SequenceUpdate
+from spectune.decode.engine import SpeculativeEngine
+from spectune.decode.sequential import SequentialBatchEngine
 from spectune.drafters import FailingDrafter, ModelDrafter, NgramDrafter, ScriptedDrafter
 from spectune.drafters.base import Drafter
+from spectune.drafters.batched_feature import BatchFeatureDrafter
 from spectune.drafters.feature import FeatureDrafter
-from spectune.engine import SpeculativeEngine, StepRecord
 from spectune.errors import BatchFullError, InvalidParameterError, PromptError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import perturbed, toy_config, toy_model
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams
 
 PROMPTS = {
@@ -62,6 +64,13 @@ def run_batch(
 
 def tokens_of(records: list[StepRecord]) -> list[int]:
     return [t for r in records for t in r.emitted]
+
+
+def counts(record: StepRecord) -> tuple[object, ...]:
+    """A record without its times (a batch's step times are the batch's)."""
+    return dataclasses.astuple(
+        dataclasses.replace(record, index=0, draft_time=0.0, target_time=0.0, step_time=0.0)
+    )
 
 
 def alone(
@@ -286,9 +295,15 @@ def test_tree_drafts_in_a_batch_equal_alone(
     )
     got = run_batch(engine, {rid: (p, params) for rid, p in PROMPTS.items()}, seeds=seeds)
     for rid, prompt in PROMPTS.items():
-        expected = alone(endless, TreeDrafter(endless_draft, shape), prompt, params, 3, seeds[rid])
-        assert tokens_of(got[rid]) == expected, rid
+        engine_alone = SpeculativeEngine(endless, TreeDrafter(endless_draft, shape))
+        gen = torch.Generator().manual_seed(seeds[rid])
+        expected = engine_alone.run(prompt, params, policy=FixedK(3), generator=gen).steps
+        assert tokens_of(got[rid]) == tokens_of(expected), rid
         assert all(r.fallback is None for r in got[rid])
+        # Every count of every step as alone: a tree step records its depth, so its
+        # positions (the acceptance denominator) are the depth, not the node count.
+        assert [counts(r) for r in got[rid]] == [counts(r) for r in expected], rid
+        assert any(r.tree_depth is not None and r.tree_depth < r.drafted for r in got[rid])
 
 
 @pytest.mark.slow
@@ -338,3 +353,25 @@ def test_feature_head_batch_equals_alone(
         drafted += sum(r.drafted for r in got[rid])
     assert 0 < accepted < drafted
     assert engine.active == 0
+
+
+@pytest.mark.parametrize("kind", ["batch", "sequential"])
+def test_both_step_engines_share_one_add_contract(toy_target: LlamaLM, kind: str) -> None:
+    """The scheduler drives either engine: the same keywords, the same typed errors, the
+    same update type."""
+    params = SamplingParams(max_tokens=3)
+    engine: BatchEngine | SequentialBatchEngine = (
+        BatchEngine(toy_target, max_batch=1, capacity=32)
+        if kind == "batch"
+        else SequentialBatchEngine(toy_target, max_batch=1)
+    )
+    engine.add("x", [1, 2, 3], params, generator=None, stop=None, policy=FixedK(0))
+    with pytest.raises(InvalidParameterError):
+        engine.add("x", [1, 2, 3], params)
+    with pytest.raises(BatchFullError):
+        engine.add("y", [1, 2, 3], params)
+    (update,) = engine.step()
+    assert type(update) is SequenceUpdate and update.request_id == "x"
+    engine.cancel("x")
+    with pytest.raises(PromptError):
+        engine.add("z", [], params)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from spectune.batch import BatchEngine
 from spectune.cli import main
-from spectune.crossover import load_crossover, save_crossover
+from spectune.control.crossover import load_crossover, save_crossover
+from spectune.decode.batch import BatchEngine
 from spectune.experiments.batching import BatchPoint, crossover
 from spectune.models.llama import LlamaLM
 
@@ -79,7 +79,7 @@ def test_batch_engine_reads_the_recorded_crossover(toy_target: LlamaLM, toy_draf
 def test_shipped_crossover_is_the_fallback(
     toy_target: LlamaLM, toy_draft: LlamaLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import spectune.crossover as crossover_module
+    import spectune.control.crossover as crossover_module
 
     key = f"{toy_target.info.name}|{toy_target.info.num_parameters}|model:{toy_draft.info.name}"
     monkeypatch.setattr(crossover_module, "_shipped", lambda: {key: {"speculate_max_batch": 4}})
@@ -91,7 +91,7 @@ def test_shipped_crossover_is_the_fallback(
 def test_unreadable_crossover_files_mean_not_measured(
     toy_target: LlamaLM, private_cache: Path
 ) -> None:
-    from spectune.crossover import crossover_path
+    from spectune.control.crossover import crossover_path
 
     crossover_path().parent.mkdir(parents=True, exist_ok=True)
     for text in ("{not json", "[1, 2]", '{"toy-0|1|*": {"speculate_max_batch": "many"}}'):
@@ -100,7 +100,7 @@ def test_unreadable_crossover_files_mean_not_measured(
 
 
 def test_shipped_crossover_file_is_well_formed() -> None:
-    from spectune.crossover import _shipped
+    from spectune.control.crossover import _shipped
 
     for key, entry in _shipped().items():
         assert key.count("|") == 2, key
@@ -112,7 +112,7 @@ def test_shipped_crossover_file_is_well_formed() -> None:
 def test_the_default_target_with_the_shipped_draft_has_a_shipped_crossover(smollm2) -> None:  # type: ignore[no-untyped-def]
     """On a fresh machine (no measurement of its own) the batch engine still turns
     speculation off above the crossover measured on this project's CPU."""
-    from spectune.crossover import _shipped
+    from spectune.control.crossover import _shipped
 
     key = f"{smollm2.model.info.name}|{smollm2.model.info.num_parameters}|feature:smollm2-draft"
     assert key in _shipped(), "the shipped crossover no longer matches the default target"

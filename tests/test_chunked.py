@@ -5,23 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectune.chunked import (
-    GroupedVerification,
-    best_groups,
-    chunked_pays,
-    expected_chunked_cost,
-    group_bounds,
-    verify_in_groups,
-)
-from spectune.control.base import FixedK
+from spectune.control.base import FixedK, GroupedVerification
+from spectune.control.chunking import best_groups, chunked_pays, expected_chunked_cost, group_bounds
+from spectune.control.costs import CostCurve
 from spectune.control.registry import make_policy
-from spectune.costs import CostCurve
+from spectune.decode.engine import SpeculativeEngine
+from spectune.decode.sequential import SequentialBatchEngine
 from spectune.drafters import ModelDrafter
-from spectune.engine import SpeculativeEngine, StepRecord
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams, process_logits
-from spectune.verify import verify_greedy, verify_sampled
+from spectune.verify.chain import verify_greedy, verify_sampled
+from spectune.verify.grouped import verify_in_groups
 
 
 @pytest.mark.parametrize(
@@ -209,3 +205,23 @@ def test_engine_takes_the_groups_through_the_fallback_wrapper(
     assert all(s.verify_groups == 1 for s in gen.steps if s.drafted <= 1)
     unwrapped = Guarded(FixedK(6), [], name="fixed")
     assert unwrapped.verify_groups(6) is None  # no opinion: the engine's setting applies
+
+
+def test_sequential_server_engine_keeps_the_policys_chunked_choice(
+    toy_target: LlamaLM, toy_draft: LlamaLM
+) -> None:
+    """The batch-size gate of the sequential engine passes the policy's verify_groups on
+    (it used to drop it, so the server verified in one pass whatever the policy chose)."""
+    params = SamplingParams(max_tokens=30)
+    engine = SequentialBatchEngine(
+        toy_target,
+        lambda: ModelDrafter(toy_draft),
+        policy_factory=lambda p: GroupedK(6, 3),
+    )
+    engine.add("a", [1, 5, 9, 13, 7], params, generator=torch.Generator().manual_seed(4))
+    records = [u.record for _ in range(40) for u in engine.step()]
+    alone = SpeculativeEngine(toy_target, ModelDrafter(toy_draft)).run(
+        [1, 5, 9, 13, 7], params, policy=GroupedK(6, 3), generator=torch.Generator().manual_seed(4)
+    )
+    assert [r.verify_groups for r in records] == [s.verify_groups for s in alone.steps]
+    assert any(r.verify_groups == 3 for r in records)

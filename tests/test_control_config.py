@@ -22,7 +22,7 @@ from spectune.control import (
     parse_policy_opts,
     policy_spec,
 )
-from spectune.costs import CostCurve
+from spectune.control.costs import CostCurve
 from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams
 

@@ -6,8 +6,8 @@ import pytest
 
 from spectune.control import CostK, make_policy
 from spectune.control.cost import LearnedCurve
+from spectune.control.costs import CostCurve, optimal_k
 from spectune.control.replay import ScriptedStep, drive, fake_record
-from spectune.costs import CostCurve, optimal_k
 
 # A GPU-like curve: verifying k tokens costs little more than one.
 FLAT = CostCurve((1, 2, 4, 8, 16), (0.010, 0.0101, 0.0103, 0.0108, 0.012))

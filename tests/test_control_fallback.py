@@ -17,10 +17,10 @@ from spectune.control import (
     ThresholdK,
     make_policy,
 )
+from spectune.control.costs import CostCurve
 from spectune.control.replay import ScriptedStep, drive, fake_record
-from spectune.costs import CostCurve
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import FailingDrafter, ScriptedDrafter
-from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
 from spectune.monitor import Monitor
 from spectune.sampling import SamplingParams

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from spectune.decode.engine import SpeculativeEngine
 from spectune.distill import corpus as corpus_module
 from spectune.distill.corpus import (
     HELDOUT_MODULUS,
@@ -18,12 +19,11 @@ from spectune.distill.corpus import (
     read_answers,
     split_of,
 )
-from spectune.engine import SpeculativeEngine
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
+from spectune.models.tokenizer import Tokenizer
 from spectune.sampling import SamplingParams
 from spectune.server.testing import toy_tokenizer
-from spectune.tokenizer import Tokenizer
 
 SETTINGS = CorpusSettings(
     items_per_shard=16, max_answer_tokens=8, max_document_tokens=8, max_turn_tokens=6, max_batch=4

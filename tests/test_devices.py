@@ -10,10 +10,10 @@ import torch
 
 from spectune.cli import main
 from spectune.control.base import FixedK
-from spectune.devices import resolve_device
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.model import ModelDrafter
-from spectune.engine import SpeculativeEngine
 from spectune.errors import InvalidParameterError, ModelLoadError
+from spectune.models.devices import resolve_device
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import load_model
 from spectune.sampling import SamplingParams
@@ -94,7 +94,7 @@ def test_sampling_on_cuda_draws_the_cpu_seeds_numbers(toy_target: LlamaLM) -> No
 @pytest.mark.slow
 def test_default_model_greedy_on_cuda_matches_speculation() -> None:
     from spectune.drafters.ngram import NgramDrafter
-    from spectune.pairing import load_target
+    from spectune.drafters.pairing import load_target
 
     loaded = load_target("default", device="cuda")
     prompt = loaded.tokenizer.encode("The capital of France is Paris. The capital of France is")

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from spectune.decode.engine import SpeculativeEngine
 from spectune.distill.data import DistillCorpus, GenerationSettings, corpus_from_token_ids
 from spectune.distill.models import DraftArchitecture
 from spectune.distill.pipeline import distill
 from spectune.distill.train import Budget, TrainSettings
 from spectune.drafters.loading import feature_drafter_from_folder, lm_drafter_from_folder
-from spectune.engine import SpeculativeEngine
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import load_model
@@ -129,8 +129,8 @@ def test_corpus_marks_only_target_tokens_for_training(corpus: DistillCorpus) -> 
 def test_shipped_draft_serves_the_default_target(smollm2) -> None:  # type: ignore[no-untyped-def]
     """The shipped feature draft loads by name and keeps the target's greedy output."""
     from spectune.drafters.feature import FeatureDrafter
-    from spectune.pairing import load_drafter
-    from spectune.shipped import shipped_draft_path
+    from spectune.drafters.pairing import load_drafter
+    from spectune.models.shipped import shipped_draft_path
 
     if shipped_draft_path("smollm2-draft") is None:
         pytest.skip("no shipped draft in this checkout")

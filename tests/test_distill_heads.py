@@ -12,6 +12,7 @@ import torch
 
 from spectune.cli import main
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
 from spectune.distill.corpus import CorpusSettings, SeedData, build_shards
 from spectune.distill.data import DistillCorpus, GenerationSettings, corpus_from_token_ids
 from spectune.distill.losses import kl_to_target, soft_labels
@@ -20,7 +21,6 @@ from spectune.distill.pipeline import column_map, distill
 from spectune.distill.train import Budget, TrainSettings, iterate_batches
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.loading import feature_drafter_from_folder
-from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import toy_config, toy_model
 from spectune.sampling import SamplingParams
@@ -209,7 +209,7 @@ def test_distill_command_trains_a_fused_head_on_an_answer_corpus_and_it_loads(
     tmp_path: Path,
 ) -> None:
     from bench_fixtures import make_models
-    from spectune.pairing import load_drafter, load_target
+    from spectune.drafters.pairing import load_drafter, load_target
 
     target_dir, _ = make_models(tmp_path)
     target = load_target(str(target_dir))

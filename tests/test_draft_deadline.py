@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from spectune.batch import BatchEngine
-from spectune.deadline import DeadlineCall, DeadlineExceeded
+from spectune.decode.batch import BatchEngine
+from spectune.decode.deadline import DeadlineCall, DeadlineExceeded
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.scripted import ScriptedDrafter
-from spectune.engine import SpeculativeEngine
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.sampling import SamplingParams

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import FailingDrafter, ModelDrafter, NgramDrafter, ScriptedDrafter
-from spectune.engine import SpeculativeEngine
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import toy_model

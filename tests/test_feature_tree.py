@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import ModelDrafter, NgramDrafter
 from spectune.drafters.base import TargetFeatures
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.feature_tree import FeatureTreeDrafter
+from spectune.drafters.pairing import tree_drafter_for
 from spectune.drafters.tree import TreeDrafter, TreeShape
-from spectune.engine import SpeculativeEngine
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import toy_config, toy_model
-from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
 from tree_checks import (
     assert_width_one_tree_is_the_chain,
@@ -121,8 +121,8 @@ def test_feature_tree_end_to_end_emits_the_target_distribution(
 
 @pytest.mark.slow
 def test_shipped_draft_tree_keeps_the_real_targets_greedy_output(smollm2) -> None:  # type: ignore[no-untyped-def]
-    from spectune.pairing import load_drafter
-    from spectune.shipped import shipped_draft_path
+    from spectune.drafters.pairing import load_drafter
+    from spectune.models.shipped import shipped_draft_path
 
     if shipped_draft_path("smollm2-draft") is None:
         pytest.skip("no shipped draft in this checkout")

@@ -7,16 +7,16 @@ import pytest
 import torch
 
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
+from spectune.draft import tree_layout
 from spectune.drafters import ModelDrafter
+from spectune.drafters.pairing import tree_drafter_for
 from spectune.drafters.tree import TreeDrafter, TreeShape
-from spectune.engine import SpeculativeEngine
 from spectune.errors import InvalidParameterError
 from spectune.models.hf import HFModel, load_hf_model
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import save_native
-from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
-from spectune.tree import tree_layout
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 from spectune.cli import main
 from spectune.control import make_policy
 from spectune.control.replay import fake_record
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import ScriptedDrafter
-from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
 from spectune.monitor import (
     PLOTS,

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from spectune.cli.generate import summary
 from spectune.control import make_policy
+from spectune.control.costs import CostCurve
 from spectune.control.replay import fake_record
-from spectune.costs import CostCurve
+from spectune.decode.engine import Generation, SpeculativeEngine
 from spectune.drafters import ModelDrafter
-from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
 from spectune.monitor import Monitor, SpecStats, fallback_kind
 from spectune.sampling import SamplingParams
@@ -130,3 +133,20 @@ def test_aggregate_across_requests() -> None:
     assert snap.fallback_events["local"] == 2 and snap.fallback_steps["local"] == 3
     assert first.snapshot().steps == 2 and first.snapshot().fallback_events["local"] == 1
     assert second.snapshot().accepted == 4
+
+
+def test_cli_counts_rejections_as_the_monitor_does() -> None:
+    """A tree step that keeps a whole path is no rejection, whatever its node count: the
+    CLI's summary and the monitor both compare accepted with the positions tested."""
+    steps = [
+        dataclasses.replace(fake_record(3, 3, drafted=8), tree_depth=3),  # a full path
+        dataclasses.replace(fake_record(3, 1, drafted=8), tree_depth=3),  # cut short
+        fake_record(4, 2),  # a chain cut short
+        fake_record(4, 4),  # a chain kept whole
+    ]
+    gen = Generation(prompt_tokens=[1])
+    stats = SpecStats()
+    for record in steps:
+        gen.add(record)
+        stats.observe(record)
+    assert summary(gen)["rejections"] == stats.snapshot().rejections == 2

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.model import ModelDrafter
-from spectune.engine import SpeculativeEngine
 from spectune.errors import ModelLoadError
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import load_model

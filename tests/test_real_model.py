@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import ModelDrafter, NgramDrafter
-from spectune.engine import SpeculativeEngine
+from spectune.drafters.pairing import Loaded
 from spectune.models.llama import LlamaLM, truncated
-from spectune.pairing import Loaded
 from spectune.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -6,13 +6,13 @@ import pytest
 import torch
 from scipy import stats
 
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.loading import lm_drafter_from_folder
 from spectune.drafters.reduced import scatter_to_vocab, top_token_subset
-from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import load_model, save_native
 from spectune.sampling import SamplingParams
-from spectune.verify import verify_sampled
+from spectune.verify.chain import verify_sampled
 
 
 def test_scatter_puts_zeros_outside_the_subset() -> None:

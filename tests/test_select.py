@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.model import ModelDrafter
-from spectune.engine import SpeculativeEngine
+from spectune.drafters.pairing import Loaded
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import save_native
 from spectune.models.toy import perturbed, toy_config, toy_model
-from spectune.pairing import Loaded
 from spectune.sampling import SamplingParams
 from spectune.select.alpha import estimate_alpha, make_continuations
 from spectune.select.report import to_json, write_report

@@ -14,17 +14,17 @@ import openai
 import pytest
 import torch
 
+from spectune.decode.engine import SpeculativeEngine
+from spectune.decode.sequential import SequenceUpdate, SequentialBatchEngine
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.scripted import FailingDrafter, ScriptedDrafter
-from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
+from spectune.models.tokenizer import Tokenizer
 from spectune.sampling import SamplingParams
 from spectune.server import Limits, create_app
 from spectune.server.engines import DraftSource, EngineSettings
-from spectune.server.sequential import SequenceUpdate, SequentialBatchEngine
 from spectune.server.service import ServedModel, Service
 from spectune.server.testing import running_server, toy_service, toy_tokenizer
-from spectune.tokenizer import Tokenizer
 
 ENGINE = "batch"  # the sequential engine, the reference, has its own test below
 LIMITS = Limits(max_body_bytes=4096, max_prompt_tokens=64, max_tokens=300, default_max_tokens=16)

@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from spectune.cli import common, main, serve
+from spectune.drafters.pairing import Loaded
 from spectune.models.llama import LlamaLM
-from spectune.pairing import Loaded
 from spectune.server.testing import running_server, toy_tokenizer
 
 

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from spectune.control.base import FixedK
-from spectune.engine import SpeculativeEngine
+from spectune.decode.engine import SpeculativeEngine
+from spectune.drafters.pairing import Loaded
 from spectune.models.llama import LlamaLM
-from spectune.pairing import Loaded
 from spectune.sampling import SamplingParams
 from spectune.server import Limits, create_app
 from spectune.server.engines import DraftSource, EngineSettings, build_engine

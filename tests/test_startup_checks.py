@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from spectune.cli import main
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.scripted import FailingDrafter
-from spectune.engine import SpeculativeEngine
 from spectune.errors import ModelLoadError, SpectuneWarning
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import load_model, save_native

@@ -13,9 +13,11 @@ import pytest
 
 from spectune.cli import main
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import ModelDrafter, ScriptedDrafter
 from spectune.drafters.base import Drafter
 from spectune.drafters.hybrid import HybridDrafter, SourceStats
+from spectune.drafters.pairing import Loaded, load_drafter
 from spectune.drafters.suffix import SuffixDrafter, SuffixSettings, propose_from
 from spectune.drafters.suffix_index import (
     HistoryStore,
@@ -23,13 +25,12 @@ from spectune.drafters.suffix_index import (
     continuation,
     scan_matches,
 )
-from spectune.engine import SpeculativeEngine, StepRecord
 from spectune.errors import IncompatibleModelsError, InvalidParameterError, ModelLoadError
 from spectune.models.llama import LlamaLM
+from spectune.models.shipped import DEFAULT_SUFFIX_INDEX, shipped_suffix_index
 from spectune.models.toy import toy_model
-from spectune.pairing import Loaded, load_drafter
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams
-from spectune.shipped import DEFAULT_SUFFIX_INDEX, shipped_suffix_index
 
 # Token 9 is followed by 1 three times, by 2 twice, by 3 once; "5 6 9" only by 2.
 CORPUS = [

@@ -9,12 +9,12 @@ import pytest
 
 from spectune.drafters import ModelDrafter, ScriptedDrafter
 from spectune.drafters.hybrid import HybridDrafter, SourceStats, kept_depth, merge_trees
+from spectune.drafters.pairing import tree_drafter_for
 from spectune.drafters.suffix import SuffixDrafter, SuffixSettings, propose_from
 from spectune.drafters.suffix_index import SuffixIndex, continuation, continuation_tree
 from spectune.drafters.tree import TreeShape
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
-from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
 from test_suffix import CORPUS, build, greedy_steps, target_corpus
 

@@ -8,17 +8,17 @@ import pytest
 import torch
 
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
+from spectune.decode.step import check_draft, keep_path
+from spectune.draft import Draft, chain_parents, tree_layout, trim_tree
 from spectune.drafters import ModelDrafter
-from spectune.drafters.base import Draft
 from spectune.drafters.tree import TreeDrafter, TreeShape
-from spectune.engine import SpeculativeEngine, check_draft
 from spectune.errors import DrafterError, InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import perturbed, toy_config, toy_model
 from spectune.sampling import SamplingParams
-from spectune.tree import chain_parents, keep_path, tree_layout, trim_tree
-from spectune.tree_verify import verify_tree_greedy, verify_tree_sampled
-from spectune.verify import verify_sampled
+from spectune.verify.chain import verify_sampled
+from spectune.verify.tree import verify_tree_greedy, verify_tree_sampled
 from tree_checks import assert_width_one_tree_is_the_chain, greedy_tree_accepted
 
 
@@ -274,7 +274,7 @@ def test_tree_greedy_equals_target_greedy_on_the_real_model(smollm2) -> None:  #
 
 def test_greedy_tree_is_reranked_to_the_most_probable_paths(toy_draft: LlamaLM) -> None:
     """At temperature 0 the tree grows past the budget, then keeps the best paths."""
-    from spectune.tree import check_parents
+    from spectune.draft import check_parents
 
     drafter = TreeDrafter(toy_draft, TreeShape(width=2, nodes=4))
     context = [1, 5, 9, 13, 7]
@@ -332,7 +332,7 @@ def test_tree_steps_measure_acceptance_along_the_path(
     positions tested), not accepted / nodes: else wide trees would always look bad to the
     controllers and the monitors."""
     from spectune.control.fallback import LocalFallback
-    from spectune.engine import StepRecord
+    from spectune.records import StepRecord
 
     gen = SpeculativeEngine(toy_target, TreeDrafter(toy_draft, TreeShape(3, 16))).run(
         [1, 5, 9, 13, 7], SamplingParams(max_tokens=40), policy=FixedK(3)

@@ -16,7 +16,7 @@ import torch
 from scipy import stats
 
 from spectune.sampling import sample_from
-from spectune.tree_verify import verify_tree_sampled
+from spectune.verify.tree import verify_tree_sampled
 
 VOCAB = 5
 SAMPLES = 100_000

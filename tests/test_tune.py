@@ -16,6 +16,7 @@ import pytest
 from spectune.cli import build_parser, main
 from spectune.cli.policy_args import policy_spec_from_args
 from spectune.control.config import PolicySpec, load_policy_file
+from spectune.control.costs import CostCurve
 from spectune.control.registry import build_policy
 from spectune.control.replay import fake_record
 from spectune.control.tune import (
@@ -27,7 +28,6 @@ from spectune.control.tune import (
     seed_params,
 )
 from spectune.control.workload import RecordedRequest, StepCosts, fit_costs, fit_workload
-from spectune.costs import CostCurve
 from spectune.errors import InvalidParameterError
 from spectune.models.loading import save_native
 from spectune.models.toy import perturbed, toy_model

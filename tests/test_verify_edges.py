@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectune.verify import verify_greedy, verify_sampled
+from spectune.verify.chain import verify_greedy, verify_sampled
 
 VOCAB = 8
 

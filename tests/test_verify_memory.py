@@ -1,7 +1,7 @@
 """Verification peak memory: measured every step, carried to traces, reports and Prometheus.
 
 On the CPU the figure is computed from the verification's tensor shapes (see
-``spectune.devices.VerifyMemory``), so it is exact and these tests compare numbers; the
+``spectune.models.devices.VerifyMemory``), so it is exact and these tests compare numbers; the
 CUDA path (allocator peak) runs only where a GPU is present.
 """
 
@@ -14,16 +14,17 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
-from spectune.batch import BatchEngine
 from spectune.control.base import FixedK
 from spectune.control.replay import fake_record
-from spectune.devices import VerifyMemory
+from spectune.decode.batch import BatchEngine
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.scripted import ScriptedDrafter
 from spectune.drafters.tree import TreeDrafter, TreeShape
-from spectune.engine import SpeculativeEngine, StepRecord
+from spectune.models.devices import VerifyMemory
 from spectune.models.llama import LlamaLM
 from spectune.monitor import Monitor, TraceWriter, analyse_trace, read_trace
 from spectune.monitor.report import peak_by_k
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams
 
 PROMPT = [1, 5, 9, 13, 7, 2]

@@ -20,7 +20,7 @@ import torch
 from scipy import stats
 
 from spectune.sampling import SamplingParams, process_logits, sample_from
-from spectune.verify import verify_sampled
+from spectune.verify.chain import verify_sampled
 
 SAMPLES = 100_000
 P_VALUE = 1e-4

@@ -11,20 +11,20 @@ import pytest
 import torch
 from scipy import stats
 
-from spectune.batch import BatchEngine
 from spectune.control.base import FixedK
+from spectune.decode.batch import BatchEngine
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.model import ModelDrafter
+from spectune.drafters.pairing import Loaded, drafter_summary, load_drafter, tree_drafter_for
 from spectune.drafters.tree import TreeDrafter, TreeShape
-from spectune.engine import SpeculativeEngine
 from spectune.errors import IncompatibleModelsError, SpectuneWarning
 from spectune.models.llama import LlamaLM, LlamaTransformer
 from spectune.models.loading import save_native
 from spectune.models.vocab import TargetVocabModel, fit_logits_to_vocab
-from spectune.pairing import Loaded, drafter_summary, load_drafter, tree_drafter_for
 from spectune.sampling import SamplingParams, process_logits
 from spectune.server.engines import DraftSource
 from spectune.server.testing import toy_tokenizer
-from spectune.verify import verify_sampled
+from spectune.verify.chain import verify_sampled
 
 TARGET_VOCAB = 64  # the toy target's
 PROMPT = [1, 5, 9, 14, 3]

@@ -11,9 +11,9 @@ import torch
 from scipy import stats
 
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.base import Drafter
 from spectune.drafters.tree import TreeShape
-from spectune.engine import SpeculativeEngine
 from spectune.models.llama import LlamaLM
 from spectune.sampling import SamplingParams
 

@@ -8,8 +8,9 @@ import os
 
 os.environ.setdefault("MKL_CBWR", "AVX2")
 
-from spectune.batch import BatchEngine, SequenceUpdate  # noqa: E402
 from spectune.control import FixedK, KPolicy, make_policy  # noqa: E402
+from spectune.decode.batch import BatchEngine, SequenceUpdate  # noqa: E402
+from spectune.decode.engine import Generation, SpeculativeEngine  # noqa: E402
 from spectune.drafters import (  # noqa: E402
     Draft,
     Drafter,
@@ -24,7 +25,7 @@ from spectune.drafters import (  # noqa: E402
     TargetFeatures,
     TreeDrafter,
 )
-from spectune.engine import Generation, SpeculativeEngine, StepRecord  # noqa: E402
+from spectune.drafters.pairing import load_drafter, load_target, tree_drafter_for  # noqa: E402
 from spectune.errors import (  # noqa: E402
     DrafterError,
     IncompatibleModelsError,
@@ -35,9 +36,9 @@ from spectune.errors import (  # noqa: E402
 )
 from spectune.models import LanguageModel, ModelInfo, load_model  # noqa: E402
 from spectune.monitor import Monitor  # noqa: E402
-from spectune.pairing import load_drafter, load_target, tree_drafter_for  # noqa: E402
+from spectune.records import StepRecord  # noqa: E402
 from spectune.sampling import SamplingParams  # noqa: E402
-from spectune.verify import VerifyResult, verify_greedy, verify_sampled  # noqa: E402
+from spectune.verify.chain import VerifyResult, verify_greedy, verify_sampled  # noqa: E402
 
 __version__ = "0.1.0"
 

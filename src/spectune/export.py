@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from spectune.engine import validate_k
 from spectune.errors import InvalidParameterError
+from spectune.records import validate_k
 
 __all__ = [
     "ENGINES",

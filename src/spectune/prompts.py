@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.errors import PromptError
-from spectune.tokenizer import Tokenizer
+from spectune.models.tokenizer import Tokenizer
 
 __all__ = ["CATEGORIES", "EvalPrompt", "default_prompts_path", "load_prompts"]
 

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from spectune.errors import InvalidParameterError
 
-__all__ = ["SamplingParams", "greedy_tokens", "process_logits", "sample_from"]
+__all__ = ["SamplingParams", "process_logits", "sample_from"]
 
 MAX_SEED = 2**63 - 1  # the largest seed a torch.Generator takes
 
@@ -79,11 +79,6 @@ def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)
-
-
-def greedy_tokens(logits: Tensor) -> Tensor:
-    """logits: [..., vocab] -> [...] argmax token ids."""
-    return logits.argmax(-1)
 
 
 def sample_from(probs: Tensor, generator: torch.Generator | None) -> Tensor:

@@ -23,11 +23,18 @@ from spectune.bench.plan import BenchConfig, parse_tree_shape
 from spectune.bench.systems import HFSystem, SpectuneSystem, System, SystemInfo
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.config import load_policy_file
+from spectune.control.costs import CostCurve, measure_forward_curve
 from spectune.control.registry import build_policy, make_policy
-from spectune.costs import CostCurve, measure_forward_curve
 from spectune.drafters.base import Drafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
+from spectune.drafters.pairing import (
+    Loaded,
+    is_suffix_spec,
+    load_drafter,
+    load_target,
+    tree_drafter_for,
+)
 from spectune.drafters.tree import TreeShape
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel, ModelInfo
@@ -35,13 +42,6 @@ from spectune.models.llama import LlamaConfig, LlamaLM
 from spectune.models.loading import resolve_model_path, save_native
 from spectune.models.quant import PRECISIONS, quantize_net
 from spectune.models.toy import toy_model
-from spectune.pairing import (
-    Loaded,
-    is_suffix_spec,
-    load_drafter,
-    load_target,
-    tree_drafter_for,
-)
 from spectune.sampling import SamplingParams
 
 __all__ = [

@@ -15,9 +15,9 @@ from typing import Any
 
 from spectune.control.registry import POLICIES
 from spectune.errors import InvalidParameterError, PromptError
+from spectune.models.tokenizer import Tokenizer
 from spectune.prompts import load_prompts
 from spectune.sampling import MAX_SEED
-from spectune.tokenizer import Tokenizer
 
 __all__ = [
     "SYSTEM_KEYS",

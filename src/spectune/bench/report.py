@@ -16,7 +16,7 @@ from typing import Any
 
 from spectune.bench.runner import Measurement
 from spectune.bench.summary import ALL, Mismatch, Row
-from spectune.costs import CostCurve
+from spectune.control.costs import CostCurve
 
 __all__ = ["COLUMNS", "Column", "cell", "markdown", "results_json", "write_results"]
 

@@ -17,7 +17,7 @@ Glossary (per system, dtype, temperature and category; ``all`` pools every promp
 - greedy equality     at T = 0, calls whose output equals spectune plain decoding's greedy
                       output token for token; transformers systems are also compared with
                       transformers' own greedy output (its numerics may differ from ours).
-- predicted speedup   the analytic model of ``spectune.costs`` applied to the steps taken:
+- predicted speedup   the analytic model of ``spectune.control.costs`` applied to the steps taken:
                       sum over steps of E[tokens | d] / sum of (d c + v(d)), d = tokens the
                       step drafted (<= K), with the measured acceptance alpha, draft cost c
                       (draft seconds per drafted token over the target's one-token forward)
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from spectune.bench.runner import Measurement
 from spectune.bench.systems import SystemInfo
-from spectune.costs import CostCurve, expected_tokens_per_step
+from spectune.control.costs import CostCurve, expected_tokens_per_step
 
 __all__ = ["ALL", "Equality", "Mismatch", "Row", "find_mismatches", "summarize"]
 

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 import torch
 
 from spectune.control.base import KPolicy
+from spectune.decode.engine import Generation, SpeculativeEngine
 from spectune.drafters.base import Drafter
-from spectune.engine import Generation, SpeculativeEngine
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams
 
@@ -85,7 +85,12 @@ class Decoder(Protocol):
     the same ``run`` slots in here without touching the benchmark."""
 
     def run(
-        self, prompt: Sequence[int], params: SamplingParams, **kwargs: object
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        policy: KPolicy | None = None,
+        generator: torch.Generator | None = None,
     ) -> Generation: ...
 
 

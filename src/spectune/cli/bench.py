@@ -89,11 +89,11 @@ def register(subparsers: Any) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     from spectune.bench.plan import BenchConfig
-    from spectune.devices import resolve_device
-    from spectune.engine import validate_k
+    from spectune.drafters.pairing import is_suffix_spec
+    from spectune.models.devices import resolve_device
     from spectune.models.loading import resolve_model_path
-    from spectune.pairing import is_suffix_spec
-    from spectune.shipped import shipped_drafts
+    from spectune.models.shipped import shipped_drafts
+    from spectune.records import validate_k
 
     drafters = tuple(args.draft) if args.draft else (*shipped_drafts(), "ngram")
     # Missing model files fail now, before minutes of loading.

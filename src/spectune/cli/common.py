@@ -9,11 +9,11 @@ from typing import Any
 import torch
 
 from spectune.control.config import PolicySpec
-from spectune.devices import DEVICES, resolve_device
 from spectune.drafters.base import Drafter
+from spectune.drafters.pairing import Loaded, drafter_summary, load_drafter, load_target
 from spectune.errors import InvalidParameterError
+from spectune.models.devices import DEVICES, resolve_device
 from spectune.models.quant import PRECISIONS, Precision
-from spectune.pairing import Loaded, drafter_summary, load_drafter, load_target
 from spectune.sampling import SamplingParams
 
 __all__ = [

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from spectune.distill.corpus import CorpusSettings, SeedData, build_shards, corpus_stats
+from spectune.drafters.pairing import load_target
 from spectune.errors import InvalidParameterError
-from spectune.pairing import load_target
 
 __all__ = ["register"]
 

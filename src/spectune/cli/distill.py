@@ -12,14 +12,14 @@ from typing import Any
 import torch
 
 from spectune.cli.common import add_device_arg
-from spectune.devices import resolve_device
 from spectune.distill.data import DistillCorpus, GenerationSettings, build_answer_features
 from spectune.distill.models import DraftArchitecture
 from spectune.distill.pipeline import CorpusPlan, build_corpora, distill
 from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState
+from spectune.drafters.pairing import load_target
 from spectune.errors import InvalidParameterError
+from spectune.models.devices import resolve_device
 from spectune.models.llama import LlamaLM
-from spectune.pairing import load_target
 
 __all__ = ["register"]
 

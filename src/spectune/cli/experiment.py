@@ -231,7 +231,7 @@ def _tree(setup: Setup, args: argparse.Namespace) -> list[dict[str, object]]:
 
 
 def _batch(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
-    from spectune.crossover import save_crossover
+    from spectune.control.crossover import save_crossover
     from spectune.experiments.batching import batch_sweep, crossover
 
     points = batch_sweep(
@@ -331,7 +331,7 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
         prompts = [tokens for _, tokens in base.prompts]
         description = "toy target"
     else:
-        from spectune.pairing import load_target
+        from spectune.drafters.pairing import load_target
         from spectune.prompts import load_prompts
 
         for precision in precisions:

@@ -18,17 +18,17 @@ from spectune.cli.common import (
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import build_policy
+from spectune.decode.engine import Generation, SpeculativeEngine
+from spectune.decode.text import stream_text
 from spectune.drafters.base import Drafter
+from spectune.drafters.pairing import tree_drafter_for
 from spectune.drafters.tree import TreeShape
-from spectune.engine import Generation, SpeculativeEngine
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
+from spectune.models.tokenizer import Tokenizer, check_text
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.trace import TraceWriter
-from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
-from spectune.textgen import stream_text
-from spectune.tokenizer import Tokenizer, check_text
 
 __all__ = ["register"]
 
@@ -89,8 +89,9 @@ def summary(gen: Generation, watch: RequestMonitor | None = None) -> dict[str, A
         "finish_reason": gen.finish_reason,
         "prefill_seconds": round(gen.prefill_time, 4),
         "decode_seconds": round(gen.decode_time, 4),
-        # token-level fallbacks (rejections resampled) and steps under each other fallback
-        "rejections": sum(1 for s in gen.steps if s.accepted < s.drafted),
+        # token-level fallbacks (steps cut short by a rejection: fewer kept than the positions
+        # tested, as the monitor counts them) and steps under each other fallback
+        "rejections": sum(1 for s in gen.steps if s.accepted < s.positions),
         "fallback_steps": fallbacks,
     }
 
@@ -109,9 +110,7 @@ def decode(
     for chunk in stream_text(engine, tokenizer, prompt, params, policy=policy):
         if watch is not None:
             watch.observe(chunk.record)
-        gen.tokens.extend(chunk.record.emitted)
-        gen.steps.append(chunk.record)
-        gen.finish_reason = chunk.record.finish_reason
+        gen.add(chunk.record)
         text.append(chunk.text)
         if echo:
             sys.stdout.write(chunk.text)

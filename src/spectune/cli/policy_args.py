@@ -7,7 +7,7 @@ import argparse
 
 from spectune.control.config import PolicySpec, merge_options, parse_policy_opts, policy_spec
 from spectune.control.registry import POLICIES
-from spectune.engine import validate_k
+from spectune.records import validate_k
 
 __all__ = ["add_policy_args", "policy_spec_from_args"]
 

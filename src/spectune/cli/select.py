@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from spectune.cli.common import add_precision_args, precision_from_args
+from spectune.drafters.pairing import load_target
 from spectune.errors import InvalidParameterError
 from spectune.models.loading import resolve_model_path
-from spectune.pairing import load_target
 from spectune.prompts import load_prompts
 from spectune.select.report import render_notes, render_table, write_report
 from spectune.select.selector import SelectSettings, select

@@ -27,11 +27,11 @@ from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.config import PolicySpec
 from spectune.control.registry import build_policy
+from spectune.drafters.pairing import with_history
 from spectune.drafters.suffix_index import HistoryStore
 from spectune.errors import InvalidParameterError
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
-from spectune.pairing import with_history
 from spectune.sampling import SamplingParams
 from spectune.server.engines import (
     DEFAULT_DRAFT_DEADLINE,

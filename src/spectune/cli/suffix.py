@@ -61,7 +61,7 @@ def _answers(folder: Path, split: str) -> Iterator[list[int]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spectune.pairing import load_target
+    from spectune.drafters.pairing import load_target
 
     source: Path = args.source
     for flag, value in (("--max-tokens", args.max_tokens), ("--max-depth", args.max_depth)):

@@ -81,7 +81,7 @@ def register(subparsers: Any) -> None:
 
 def check_args(args: argparse.Namespace) -> tuple[float, ...]:
     """Everything checkable before a model loads; returns the temperatures."""
-    from spectune.engine import validate_k
+    from spectune.records import validate_k
     from spectune.sampling import SamplingParams
 
     if args.trace and (args.draft is not None or args.prompts is not None):
@@ -243,9 +243,9 @@ class _Session:
 
         from spectune.bench.runner import prompt_seed
         from spectune.control.base import FixedK
+        from spectune.control.costs import measure_forward_curve
         from spectune.control.workload import fit_costs
-        from spectune.costs import measure_forward_curve
-        from spectune.engine import SpeculativeEngine
+        from spectune.decode.engine import SpeculativeEngine
         from spectune.monitor.hub import Monitor
         from spectune.monitor.trace import TraceWriter
         from spectune.sampling import SamplingParams

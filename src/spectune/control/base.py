@@ -6,12 +6,11 @@ Policies own their state (one instance per request) and never touch models or co
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
+from typing import Protocol, TypeAlias, runtime_checkable
 
-if TYPE_CHECKING:
-    from spectune.engine import StepRecord
+from spectune.records import StepRecord, validate_k
 
-__all__ = ["FixedK", "KPolicy", "PolicyState", "ReportsState"]
+__all__ = ["FixedK", "GroupedVerification", "KPolicy", "PolicyState", "ReportsState"]
 
 # A policy's inner state as flat JSON-ready values, for the step trace and the report.
 PolicyState: TypeAlias = dict[str, float | int | str | bool | None]
@@ -44,12 +43,18 @@ class ReportsState(Protocol):
         ...
 
 
+@runtime_checkable
+class GroupedVerification(Protocol):
+    """A K policy that also chooses how many groups verification runs in (1: one pass;
+    None: no preference, the engine's ``verify_groups`` setting applies)."""
+
+    def verify_groups(self, k: int) -> int | None: ...
+
+
 class FixedK:
     """Always the same K: the baseline every adaptive policy is compared with."""
 
     def __init__(self, k: int) -> None:
-        from spectune.engine import validate_k
-
         self.k = validate_k(k, allow_zero=True)
 
     def next_k(self) -> int:

@@ -1,6 +1,7 @@
 """``cost``: the K that maximises predicted speedup, from measured acceptance and costs.
 
-Each decision evaluates ``spectune.costs.optimal_k``:
+Each decision evaluates the analytic speedup of ``spectune.control.costs`` (the formula of
+``predicted_speedup``, with chunked verification's cost where it is chosen):
 
     S(K) = (1 - alpha^(K+1)) / ((1 - alpha) (K c + v(K))),   S(0) = 1 (plain decoding)
 
@@ -12,7 +13,7 @@ with every input measured on the running request:
 - c, the draft cost: EWMA seconds per drafted token over the seconds of a one-token
   target step.
 - v(K), the verification curve: the ``cost_curve`` given at construction (measured with
-  ``spectune.costs.measure_forward_curve``); its shape is used, and its scale is taken
+  ``spectune.control.costs.measure_forward_curve``); its shape is used, and its scale is taken
   from the request's own target times so machine load cancels. Without a curve the policy
   learns one from the records: an EWMA of target_time per chunk size (k + 1 tokens), a
   least-squares line t(n) = a + b n through the sizes seen; while only one size has been
@@ -20,7 +21,7 @@ with every input measured on the running request:
   1 + prior (n - 1)). Plain steps measure n = 1, so a request that ever decodes plainly
   learns the intercept.
 
-Chunked verification (``spectune.chunked``): with ``max_verify_groups > 1`` the policy also
+Chunked verification (``spectune.verify.grouped``): with ``max_verify_groups > 1`` the policy also
 chooses, for each K, the number of verification groups m with the lowest expected target
 cost (group j runs only if the draft survived the groups before it), and S(K) uses that
 cost in place of v(K). Chunking is taken only when it beats one pass by ``margin``; on a
@@ -37,15 +38,12 @@ beats the current K's by ``margin`` (hysteresis against noise).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from spectune.chunked import best_groups, expected_chunked_cost
 from spectune.control.base import PolicyState
-from spectune.costs import CostCurve, expected_tokens_per_step
+from spectune.control.chunking import best_groups, expected_chunked_cost
+from spectune.control.costs import CostCurve, ewma, predicted_speedup
 from spectune.errors import InvalidParameterError
-
-if TYPE_CHECKING:
-    from spectune.engine import StepRecord
+from spectune.records import MAX_K, StepRecord
 
 __all__ = ["CostConfig", "CostK", "LearnedCurve"]
 
@@ -62,8 +60,6 @@ class CostConfig:
     max_verify_groups: int = 4  # chunked verification in up to this many groups (1: never)
 
     def __post_init__(self) -> None:
-        from spectune.engine import MAX_K
-
         if not 1 <= self.max_k <= MAX_K or not 1 <= self.initial_k <= self.max_k:
             raise InvalidParameterError(
                 f"need 1 <= initial_k <= max_k <= {MAX_K}, got "
@@ -158,7 +154,7 @@ class CostK:
         if record.target_time > 0.0 and record.verify_groups == 1:
             if self.cost_curve is not None:
                 one = record.target_time / self.cost_curve.relative(record.drafted)
-                self.target_one = _ewma(self.target_one, one, w)
+                self.target_one = ewma(self.target_one, one, w)
             else:
                 self.learned.observe(tokens, record.target_time)
                 self.target_one = self.learned.time(1)
@@ -169,7 +165,7 @@ class CostK:
         rejected = 1 if record.accepted < record.positions else 0
         self.accepted = (1.0 - w) * self.accepted + w * record.accepted
         self.tested = (1.0 - w) * self.tested + w * (record.accepted + rejected)
-        self.draft_token_time = _ewma(self.draft_token_time, record.draft_time / record.drafted, w)
+        self.draft_token_time = ewma(self.draft_token_time, record.draft_time / record.drafted, w)
         self.speculative_steps += 1
         if self.k == 0:
             self.plain_tokens = 0  # that was a probe
@@ -192,10 +188,8 @@ class CostK:
 
     def _speedup(self, alpha: float, cost: float, curve: CostCurve, k: int) -> float:
         """S(k) with the verification the policy would choose for k (one pass or groups)."""
-        if k == 0:
-            return 1.0
-        verify = expected_chunked_cost(curve, alpha, k, self._groups(alpha, curve, k))
-        return expected_tokens_per_step(alpha, k) / (k * cost + verify)
+        verify = expected_chunked_cost(curve, alpha, k, self._groups(alpha, curve, k)) if k else 1.0
+        return predicted_speedup(alpha, cost, curve, k, verify_cost=verify)
 
     def verify_groups(self, k: int) -> int | None:
         """Chunked verification for this step's k, once alpha and the costs are known."""
@@ -237,7 +231,3 @@ class CostK:
             "draft_cost": None if cost is None else round(cost, 4),
             "predicted_speedup": None if self.predicted is None else round(self.predicted, 4),
         }
-
-
-def _ewma(old: float | None, new: float, weight: float) -> float:
-    return new if old is None else (1.0 - weight) * old + weight * new

@@ -27,15 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from spectune.chunked import GroupedVerification
-from spectune.control.base import KPolicy, PolicyState, ReportsState
-from spectune.costs import CostCurve
+from spectune.control.base import GroupedVerification, KPolicy, PolicyState, ReportsState
+from spectune.control.costs import CostCurve, ewma
 from spectune.errors import InvalidParameterError
-
-if TYPE_CHECKING:
-    from spectune.engine import StepRecord
+from spectune.records import StepRecord
 
 __all__ = [
     "FallbackCheck",
@@ -234,12 +231,8 @@ class GlobalFallback:
         draft_step = record.draft_time / record.drafted
         target_step = record.target_time / relative
         w = self.config.smoothing
-        self.draft_step = (
-            draft_step if self.draft_step is None else _ewma(self.draft_step, draft_step, w)
-        )
-        self.target_step = (
-            target_step if self.target_step is None else _ewma(self.target_step, target_step, w)
-        )
+        self.draft_step = ewma(self.draft_step, draft_step, w)
+        self.target_step = ewma(self.target_step, target_step, w)
         ratio = self.ratio
         if self.seen > self.config.warmup_steps and ratio is not None:
             if ratio > self.config.max_draft_ratio:
@@ -258,10 +251,6 @@ class GlobalFallback:
             "draft_ratio": None if ratio is None else round(ratio, 4),
             "tripped": bool(self.tripped),
         }
-
-
-def _ewma(old: float | None, new: float, weight: float) -> float:
-    return new if old is None else (1.0 - weight) * old + weight * new
 
 
 class Guarded:

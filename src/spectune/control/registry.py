@@ -17,6 +17,7 @@ from typing import Any
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.config import PolicySpec, options_into
 from spectune.control.cost import CostConfig, CostK
+from spectune.control.costs import CostCurve
 from spectune.control.fallback import (
     FallbackCheck,
     GlobalFallback,
@@ -26,7 +27,6 @@ from spectune.control.fallback import (
     LocalFallbackConfig,
 )
 from spectune.control.threshold import ThresholdConfig, ThresholdK
-from spectune.costs import CostCurve
 from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams
 
@@ -85,6 +85,10 @@ _CHECKS: dict[str, Callable[[Mapping[str, Any], _Context], FallbackCheck]] = {
     "local": _local,
     "global": _global,
 }
+_CHECK_CONFIGS: dict[str, type[LocalFallbackConfig] | type[GlobalFallbackConfig]] = {
+    "local": LocalFallbackConfig,
+    "global": GlobalFallbackConfig,
+}
 
 
 def make_policy(
@@ -119,11 +123,15 @@ def make_policy(
             raise InvalidParameterError(f"option {kind} must be a table of options")
     ctx = _Context(params or SamplingParams(), cost_curve)
     policy = builder(options, ctx)
-    # Unused tables are still validated, so a typo there is not silently ignored.
-    built = {kind: _CHECKS[kind](tables[kind], ctx) for kind in _CHECKS}
+    # Every table is parsed, so a typo in an unused one is not silently ignored; only the
+    # checks asked for are built.
+    for kind, config_type in _CHECK_CONFIGS.items():
+        options_into(config_type, tables[kind], kind)
     if not checks:
         return policy
-    return Guarded(policy, [built[kind] for kind in dict.fromkeys(checks)], name=name)
+    return Guarded(
+        policy, [_CHECKS[kind](tables[kind], ctx) for kind in dict.fromkeys(checks)], name=name
+    )
 
 
 def build_policy(

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from spectune.control.base import KPolicy
-from spectune.engine import StepRecord
+from spectune.records import StepRecord
 
 __all__ = ["ScriptedStep", "drive", "fake_record"]
 

@@ -24,13 +24,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from spectune.control.base import PolicyState
 from spectune.errors import InvalidParameterError
-
-if TYPE_CHECKING:
-    from spectune.engine import StepRecord
+from spectune.records import MAX_K, StepRecord
 
 __all__ = ["ThresholdConfig", "ThresholdK"]
 
@@ -47,8 +44,6 @@ class ThresholdConfig:
     hot_temperature: float = 0.7  # above this temperature K is one lower
 
     def __post_init__(self) -> None:
-        from spectune.engine import MAX_K
-
         if not 1 <= self.min_k <= self.max_k <= MAX_K:
             raise InvalidParameterError(
                 f"need 1 <= min_k <= max_k <= {MAX_K}, got min_k={self.min_k} max_k={self.max_k}"

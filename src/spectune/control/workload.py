@@ -31,7 +31,7 @@ draw of the acceptance test. Tree steps are not used (a tree's accepted branch s
 about a chain's token at the same position); a trace with no chain draft steps is refused.
 
 Costs, in seconds: the target's verification curve (measured with
-``spectune.costs.measure_forward_curve``, or fitted from the recorded target times through
+``spectune.control.costs.measure_forward_curve``, or fitted from the recorded target times through
 ``LearnedCurve``), the draft time as a line ``fixed + per_token x drafted`` (least squares
 over steps that asked for a draft), and the step overhead (median step time minus draft and
 target time), for plain and speculative steps apart.
@@ -45,9 +45,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spectune.control.cost import LearnedCurve
-from spectune.costs import CostCurve
-from spectune.engine import MAX_K, StepRecord
+from spectune.control.costs import CostCurve
 from spectune.errors import InvalidParameterError
+from spectune.records import MAX_K, StepRecord
 
 __all__ = [
     "LOCAL_WINDOW",

@@ -1,4 +1,5 @@
-"""Resumable training checkpoints: weights and optimizer moments as safetensors, counters
+"""Resumable training checkpoints and the state they hold (``TrainState``, its learning curve
+of ``CurvePoint``s): weights and optimizer moments as safetensors, counters
 and the learning curve as JSON (no pickles). Written to a temporary folder and renamed,
 so an interrupted save never leaves a half checkpoint behind."""
 
@@ -6,16 +7,35 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from spectune.distill.train import CurvePoint, TrainState
+__all__ = ["CurvePoint", "TrainState", "load_checkpoint", "save_checkpoint"]
 
-__all__ = ["load_checkpoint", "save_checkpoint"]
+
+@dataclass(frozen=True)
+class CurvePoint:
+    step: int
+    tokens: int
+    seconds: float
+    train_loss: float
+    heldout_kl: float
+    heldout_top1: float  # teacher-forced greedy acceptance of a first draft token
+    # The same for draft tokens 1, 2, ... when the head is trained unrolled (its own
+    # features fed back): index 0 repeats heldout_top1.
+    heldout_top1_by_position: tuple[float, ...] = ()
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    curve: list[CurvePoint] = field(default_factory=list)
 
 
 def save_checkpoint(

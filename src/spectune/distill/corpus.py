@@ -43,11 +43,11 @@ from pathlib import Path
 
 import torch
 
-from spectune.batch import BatchEngine
+from spectune.decode.batch import BatchEngine
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
+from spectune.models.tokenizer import Tokenizer
 from spectune.sampling import SamplingParams
-from spectune.tokenizer import Tokenizer
 
 __all__ = [
     "CATEGORY_SHARES",

@@ -31,7 +31,7 @@ from spectune.distill.sources import CorpusItem
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
 from spectune.models.llama import LlamaLM
-from spectune.tokenizer import Tokenizer
+from spectune.models.tokenizer import Tokenizer
 
 __all__ = [
     "DistillCorpus",

@@ -30,10 +30,10 @@ from spectune.distill.models import (
 )
 from spectune.distill.sources import read_prompt_files, read_reference_chats
 from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState, train
+from spectune.drafters.pairing import Loaded
 from spectune.drafters.reduced import top_token_subset
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
-from spectune.pairing import Loaded
 
 __all__ = ["CorpusPlan", "DistillResult", "build_corpora", "distill", "plot_curve"]
 

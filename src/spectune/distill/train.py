@@ -15,19 +15,28 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from spectune.distill.checkpoint import CurvePoint, TrainState, load_checkpoint, save_checkpoint
 from spectune.distill.data import DistillCorpus
 from spectune.distill.losses import SoftLabels, feature_regression, kl_to_target, soft_labels
 from spectune.distill.models import TrainableDraft, TrainBatch
 from spectune.errors import InvalidParameterError
 from spectune.sampling import MAX_SEED
 
-__all__ = ["Budget", "CurvePoint", "TrainSettings", "evaluate", "iterate_batches", "train"]
+__all__ = [
+    "Budget",
+    "CurvePoint",
+    "TrainSettings",
+    "TrainState",
+    "evaluate",
+    "iterate_batches",
+    "train",
+]
 
 
 @dataclass(frozen=True)
@@ -76,27 +85,6 @@ class TrainSettings:
                 raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.seed <= MAX_SEED:
             raise InvalidParameterError(f"seed must be in [0, 2**63 - 1], got {self.seed}")
-
-
-@dataclass(frozen=True)
-class CurvePoint:
-    step: int
-    tokens: int
-    seconds: float
-    train_loss: float
-    heldout_kl: float
-    heldout_top1: float  # teacher-forced greedy acceptance of a first draft token
-    # The same for draft tokens 1, 2, ... when the head is trained unrolled (its own
-    # features fed back): index 0 repeats heldout_top1.
-    heldout_top1_by_position: tuple[float, ...] = ()
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    curve: list[CurvePoint] = field(default_factory=list)
 
 
 def _collate(sequences: list[dict[str, Tensor]], max_length: int) -> TrainBatch:
@@ -240,8 +228,6 @@ def train(
     )
     state = TrainState()
     if checkpoint is not None and (checkpoint / "state.json").is_file():
-        from spectune.distill.checkpoint import load_checkpoint
-
         state = load_checkpoint(checkpoint, module, optimizer)
     rng = random.Random(settings.seed + state.step)  # a resumed run reshuffles differently
     started = time.perf_counter() - state.seconds
@@ -256,8 +242,6 @@ def train(
         if on_eval:
             on_eval(point)
         if checkpoint is not None:
-            from spectune.distill.checkpoint import save_checkpoint
-
             save_checkpoint(checkpoint, module, optimizer, state)
 
     last_loss = float("nan")

@@ -1,6 +1,7 @@
 """Drafters: sources of guesses the target verifies."""
 
-from spectune.drafters.base import Draft, Drafter, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.feature_tree import FeatureTreeDrafter
 from spectune.drafters.hybrid import HybridDrafter

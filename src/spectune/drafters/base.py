@@ -14,30 +14,10 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from spectune.draft import Draft
 from spectune.sampling import SamplingParams
 
-__all__ = ["Draft", "Drafter", "SequenceScorer", "TargetFeatures"]
-
-
-@dataclass(frozen=True)
-class Draft:
-    """A chain of draft tokens, or a token tree when ``parents`` is given.
-
-    A tree's nodes are listed parents first, siblings together in the order they were
-    drawn; ``parents[i]`` is the node index of node i's parent, -1 for children of the
-    pending token (``spectune.tree`` has a worked example). A chain is the tree with
-    ``parents = [-1, 0, 1, ...]``, which is what ``parents is None`` means.
-    """
-
-    tokens: Tensor  # [k] int64, 0 <= k <= requested (for a tree: its nodes)
-    # [k, vocab] fp32: the processed distribution each token was sampled from, or None for a
-    # drafter without probabilities (the verifier then treats each token as one-hot).
-    # Siblings in a tree share their parent's row (they were drawn without replacement).
-    probs: Tensor | None
-    parents: Tensor | None = None  # [k] int64 for a tree, None for a chain
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
+__all__ = ["Drafter", "SequenceScorer", "TargetFeatures"]
 
 
 @dataclass(frozen=True)

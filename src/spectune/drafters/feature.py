@@ -20,12 +20,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from spectune.drafters.base import Draft, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import TargetFeatures
 from spectune.drafters.model import choose_token, common_prefix
 from spectune.drafters.reduced import scatter_to_vocab
 from spectune.errors import DrafterError
-from spectune.kv_cache import StaticKVCache
 from spectune.models.feature_head import FeatureHead
+from spectune.models.kv_cache import StaticKVCache
 from spectune.sampling import SamplingParams, process_logits
 
 __all__ = ["FeatureDrafter"]

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from spectune.drafters.base import Draft, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import TargetFeatures
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.tree import GrowingTree, TreeGrower, TreeShape, chunk_layout
 from spectune.sampling import SamplingParams

@@ -38,7 +38,7 @@ attention masks). Where the rule picks the model, its draft is already paid for;
 suffix draft (chain or tree) is merged into it as further branches (shared prefixes
 merged; model nodes first, at most ``MAX_TREE_NODES`` nodes), so the target keeps
 whichever branch matches its argmax. Greedy verification is exact for any tree of
-candidate tokens (``spectune.tree_verify``), so this stays token-for-token equal to
+candidate tokens (``spectune.verify.tree``), so this stays token-for-token equal to
 plain decoding; the extra nodes cost little (8 tokens verify in about 1.04x one token's
 forward on this CPU). Both sources' statistics learn from such steps: each is credited
 with the depth of its own branch that the target kept. The merged value is at least the
@@ -66,12 +66,12 @@ from dataclasses import dataclass
 
 import torch
 
-from spectune.drafters.base import Draft, Drafter, TargetFeatures
+from spectune.draft import MAX_TREE_NODES, Draft
+from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.drafters.suffix import SuffixDrafter
 from spectune.drafters.suffix_index import breadth_first
 from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams
-from spectune.tree import MAX_TREE_NODES
 
 __all__ = ["HybridDrafter", "SourceStats", "kept_depth", "merge_trees"]
 

@@ -151,7 +151,7 @@ def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDra
         raise ModelLoadError(f"cannot read {path / 'model.safetensors'}: {exc}") from exc
     subset = state.pop("vocab_subset", None)
     subset = None if subset is None else subset.long()
-    # The head runs on the CPU beside the decode loop (``spectune.devices``).
+    # The head runs on the CPU beside the decode loop (``spectune.models.devices``).
     output = net.lm_head.weight.detach().to("cpu")
     head = FeatureHead(
         cfg,

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from spectune.drafters.base import Draft, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import TargetFeatures
 from spectune.drafters.reduced import scatter_to_vocab
 from spectune.models.base import KVCache, LanguageModel
 from spectune.sampling import SamplingParams, process_logits, sample_from

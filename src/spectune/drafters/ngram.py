@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from spectune.drafters.base import Draft, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import TargetFeatures
 from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams
 

@@ -2,7 +2,7 @@
 
 The draft's output layer covers N token ids (``vocab_subset``); its processed distribution
 over those N is scattered into the full vocabulary with zeros elsewhere. Verification
-stays lossless: rejection sampling (``spectune.verify``) is exact for *any* draft
+stays lossless: rejection sampling (``spectune.verify.chain``) is exact for *any* draft
 distribution q as long as the drafted token was sampled from q and q is what the verifier
 sees. A token outside the subset has q = 0, so it is never drafted, and the residual
 max(0, p - q) / Z gives such tokens exactly their target probability when a draft token

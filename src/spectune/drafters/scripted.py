@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from spectune.drafters.base import Draft, Drafter, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.sampling import SamplingParams
 
 __all__ = ["FailingDrafter", "ScriptedDrafter"]

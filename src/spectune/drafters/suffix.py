@@ -31,7 +31,7 @@ probabilities over all nodes, the expected accepted tokens of the tree under the
 frequencies. ``width == 1`` is the chain. Sources compete by score as for chains.
 
 No probabilities: the verifier treats each token as one-hot (as for n-gram), chain or tree
-(``spectune.tree_verify``: deterministic candidates are exact), so decoding stays lossless
+(``spectune.verify.tree``: deterministic candidates are exact), so decoding stays lossless
 at any temperature.
 """
 
@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from spectune.drafters.base import Draft, TargetFeatures
+from spectune.draft import MAX_TREE_NODES, Draft
+from spectune.drafters.base import TargetFeatures
 from spectune.drafters.suffix_index import (
     SEP,
     HistoryStore,
@@ -60,7 +61,6 @@ from spectune.drafters.suffix_index import (
 )
 from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams
-from spectune.tree import MAX_TREE_NODES
 
 __all__ = ["SuffixDrafter", "SuffixProposal", "SuffixSettings"]
 

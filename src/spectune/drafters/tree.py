@@ -3,7 +3,7 @@
 Children of a node are the top-``width`` tokens by draft probability at temperature 0,
 and ``width`` draws *without replacement* from the processed draft distribution when
 sampling (the stochastic top-``width``; the verifier's sibling scheme needs exactly this,
-see ``spectune.tree_verify``). Paths are ranked by cumulative draft probability.
+see ``spectune.verify.tree``). Paths are ranked by cumulative draft probability.
 
 Growth at temperature 0, level by level (EAGLE-2, Li et al. 2024): at each depth the
 ``width`` most probable frontier nodes get ``width`` children each, up to depth K and
@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from spectune.drafters.base import Draft, TargetFeatures
+from spectune.draft import MAX_TREE_NODES, Draft, tree_layout
+from spectune.drafters.base import TargetFeatures
 from spectune.drafters.model import SyncedModelCache
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams, process_logits, sample_from
-from spectune.tree import MAX_TREE_NODES, tree_layout
 
 __all__ = ["GrowingTree", "TreeDrafter", "TreeGrower", "TreeShape", "chunk_layout"]
 
@@ -318,10 +318,9 @@ class TreeDrafter(SyncedModelCache, TreeGrower):
                 break
             slots.append(slot_of[child])
             current = child
-        move_slots = getattr(self.cache, "move_slots", None)
-        if not slots or move_slots is None:
+        if not slots:
             self.cache.truncate(min(self.cache.length(), last.prefix))
             return
-        move_slots(0, torch.tensor(slots, dtype=torch.long), last.prefix)
+        self.cache.move_slots(0, torch.tensor(slots, dtype=torch.long), last.prefix)
         self.cache.truncate(last.prefix + len(slots))
         self.ingested = list(context[: last.prefix + len(slots)])

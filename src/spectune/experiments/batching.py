@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spectune.batch import BatchEngine
 from spectune.control.base import FixedK
+from spectune.decode.batch import BatchEngine
 from spectune.experiments.common import Setup
 from spectune.sampling import SamplingParams
 

@@ -1,6 +1,6 @@
 """Chunked vs one-pass verification for K = 4 and 8.
 
-Both emit the same tokens (``spectune.chunked``); what differs is the target's work. The
+Both emit the same tokens (``spectune.verify.grouped``); what differs is the target's work. The
 experiment measures, per K and number of groups: tokens/s, target tokens forwarded per
 step, the acceptance rate, and what the cost model predicts from the measured
 verification-cost curve (``chunked_pays``), so the README can say where chunking pays on
@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spectune.chunked import chunked_pays, expected_chunked_cost
-from spectune.costs import CostCurve, measure_forward_curve
+from spectune.control.chunking import chunked_pays, expected_chunked_cost
+from spectune.control.costs import CostCurve, measure_forward_curve
 from spectune.experiments.common import CountingModel, DecodeStats, Setup, decode_prompts
 from spectune.sampling import SamplingParams
 

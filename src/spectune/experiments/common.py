@@ -17,10 +17,11 @@ import torch
 from torch import Tensor
 
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.base import Drafter
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.model import ModelDrafter
-from spectune.engine import SpeculativeEngine
+from spectune.drafters.pairing import fresh_drafter, load_drafter, load_target
 from spectune.errors import InvalidParameterError
 from spectune.models.base import (
     KVCache,
@@ -30,7 +31,9 @@ from spectune.models.base import (
     takes_tree_masks,
 )
 from spectune.models.llama import LlamaLM, LlamaTransformer
+from spectune.models.shipped import shipped_drafts
 from spectune.models.toy import perturbed, toy_config, toy_model
+from spectune.prompts import load_prompts
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -56,8 +59,6 @@ class Setup:
 
     def fresh_drafter(self) -> Drafter:
         """A drafter with the draft's weights and its own (empty) state."""
-        from spectune.pairing import fresh_drafter
-
         return fresh_drafter(self.draft)
 
     def batch_draft(self) -> LanguageModel | FeatureDrafter | Callable[[], Drafter]:
@@ -207,10 +208,6 @@ def load_setup(
     template applied), ``per_category`` prompts of each category. ``draft_ref``: a path or
     shipped draft name, ``auto`` (the first shipped draft), or a stand-in (``layers:N``,
     ``noise:X``); with ``any_drafter`` also ``ngram``, ``suffix``, ``hybrid``."""
-    from spectune.pairing import load_drafter, load_target
-    from spectune.prompts import load_prompts
-    from spectune.shipped import shipped_drafts
-
     target = load_target(target_ref)
     if draft_ref == "auto":
         shipped = shipped_drafts()

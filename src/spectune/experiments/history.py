@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from spectune.drafters.pairing import fresh_drafter, with_history
 from spectune.drafters.suffix_index import HistoryStore
 from spectune.errors import InvalidParameterError
 from spectune.experiments.common import DecodeStats, Setup, decode_prompts
-from spectune.pairing import fresh_drafter, with_history
 from spectune.sampling import SamplingParams
 
 __all__ = ["history_acceptance"]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from spectune.costs import CostCurve, measure_forward_curve
-from spectune.engine import SpeculativeEngine
+from spectune.control.costs import CostCurve, measure_forward_curve
+from spectune.decode.engine import SpeculativeEngine
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from spectune.drafters.pairing import tree_drafter_for
 from spectune.drafters.tree import TreeShape
 from spectune.experiments.common import DecodeStats, Setup, decode_prompts
-from spectune.pairing import tree_drafter_for
 from spectune.sampling import SamplingParams
 
 __all__ = ["TreeComparison", "speedup", "tree_vs_chain"]

@@ -2,7 +2,7 @@
 
 A ``LanguageModel`` knows nothing about text: it maps token ids at positions to logits,
 appending keys and values to a cache it created. Tokenization lives in
-``spectune.tokenizer``; sampling in ``spectune.sampling``.
+``spectune.models.tokenizer``; sampling in ``spectune.sampling``.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ class KVCache(Protocol):
         """Forget everything at or past ``length`` for sequence ``row`` (rollback)."""
         ...
 
+    def move_slots(self, row: int, src: Tensor, dst_start: int) -> None:
+        """Copy the entries of slots ``src`` ([n] int64) of sequence ``row`` to slots
+        ``dst_start .. dst_start + n - 1`` (a tree's accepted path compacted in place)."""
+        ...
+
 
 @runtime_checkable
 class LanguageModel(Protocol):
@@ -70,6 +75,13 @@ class LanguageModel(Protocol):
     cache slots; trees pass depth-based positions plus ``chunk_mask``, which says which
     tokens of the chunk each chunk token may see (the prefix is always visible).
     """
+
+    @property
+    def tree_masks(self) -> bool:
+        """Whether ``forward`` honours ``positions`` and ``chunk_mask`` (token trees) and its
+        caches can compact a path: the native runtime always, the transformers adapter for
+        full-attention models (see ``spectune.models.hf``)."""
+        ...
 
     @property
     def info(self) -> ModelInfo: ...
@@ -88,7 +100,5 @@ class LanguageModel(Protocol):
 
 def takes_tree_masks(model: LanguageModel) -> bool:
     """Whether ``model.forward`` honours ``positions`` and ``chunk_mask`` (token trees) and
-    its caches can compact a path (``move_slots``). A model says so with ``tree_masks =
-    True``: the native runtime always, the transformers adapter for full-attention models
-    (see ``spectune.models.hf``)."""
-    return bool(getattr(model, "tree_masks", False))
+    its caches can compact a path (``LanguageModel.tree_masks``)."""
+    return model.tree_masks

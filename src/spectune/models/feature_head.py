@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from spectune.kv_cache import StaticKVCache
+from spectune.models.kv_cache import StaticKVCache
 from spectune.models.llama import Block, LlamaConfig, RMSNorm, attention_mask, rotary_tables
 
 __all__ = ["FeatureHead", "FeatureHeadConfig"]
@@ -164,7 +164,7 @@ class FeatureHead(nn.Module):
 
         Without a cache: a causal pass over whole sequences (training). With a cache: the
         chunk is appended after the cache's current length (decoding); a token tree passes
-        its positions and ancestor mask (``spectune.tree.tree_layout``), as for a model.
+        its positions and ancestor mask (``spectune.draft.tree_layout``), as for a model.
         """
         x = self._input(tokens, prev_features)
         batch, chunk = tokens.shape

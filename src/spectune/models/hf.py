@@ -24,7 +24,7 @@ from torch import Tensor
 
 from spectune.errors import ModelLoadError, PromptError
 from spectune.models.base import ModelInfo, ModelOutput
-from spectune.models.loading import check_weights
+from spectune.models.weights import check_weights
 
 __all__ = ["HFCache", "HFModel", "load_hf_model"]
 
@@ -106,7 +106,7 @@ class HFModel:
 
     @property
     def device(self) -> torch.device:
-        """Where forwards run (``spectune.devices``: outputs come back on the CPU)."""
+        """Where forwards run (``spectune.models.devices``: outputs come back on the CPU)."""
         device: torch.device = self.model.device
         return device
 
@@ -152,7 +152,7 @@ class HFModel:
             **extra,
         )
         cache._length = start + chunk
-        # Outputs come back on the CPU (``spectune.devices``).
+        # Outputs come back on the CPU (``spectune.models.devices``).
         return ModelOutput(logits=out.logits.to("cpu"), hidden=out.hidden_states[-1].to("cpu"))
 
     def _tree_mask(self, start: int, chunk_mask: Tensor) -> Tensor:
@@ -173,7 +173,7 @@ def load_hf_model(
 ) -> HFModel:
     """Load through transformers. Its own loading report is silenced (it is a table, not a
     line); what it says about missing, unused or mis-shaped weights is checked here instead
-    (``spectune.models.loading.check_weights``: an error unless ``allow_missing_weights``)."""
+    (``spectune.models.weights.check_weights``: an error unless ``allow_missing_weights``)."""
     from transformers import AutoModelForCausalLM
 
     logging.getLogger("transformers").setLevel(logging.ERROR)

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spectune.errors import PromptError
-from spectune.kv_cache import StaticKVCache
 from spectune.models.base import ModelInfo, ModelOutput
+from spectune.models.kv_cache import StaticKVCache
 
 __all__ = ["LlamaConfig", "LlamaLM", "LlamaTransformer", "truncated"]
 
@@ -287,7 +287,7 @@ class LlamaLM:
 
     @property
     def device(self) -> torch.device:
-        """Where forwards run (``spectune.devices``: outputs always come back on the CPU)."""
+        """Where forwards run (``spectune.models.devices``: outputs always come back on the CPU)."""
         return self.net.embed_tokens.weight.device
 
     def new_cache(self, batch_size: int = 1, capacity: int | None = None) -> StaticKVCache:

@@ -15,17 +15,16 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import warnings
-from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from spectune.cache_dir import derived_path
-from spectune.errors import ModelLoadError, SpectuneWarning
+from spectune.errors import ModelLoadError
 from spectune.models.base import LanguageModel
+from spectune.models.cache_dir import derived_path
+from spectune.models.hf import HFModel, load_hf_model
 from spectune.models.llama import LlamaConfig, LlamaLM, LlamaTransformer
 from spectune.models.quant import (
     QUANT_MODES,
@@ -34,10 +33,11 @@ from spectune.models.quant import (
     int4_codes_from_gguf,
     quantize_net,
 )
+from spectune.models.shipped import shipped_draft_path
+from spectune.models.weights import check_weights
 
 __all__ = [
     "DEFAULT_TARGET",
-    "check_weights",
     "default_target_path",
     "load_model",
     "gguf_quantized_layers",
@@ -79,8 +79,6 @@ def resolve_model_path(ref: str | Path) -> Path:
     """``default`` -> the embedded GGUF; anything else must be an existing file or folder."""
     if str(ref) == DEFAULT_TARGET:
         return default_target_path()
-    from spectune.shipped import shipped_draft_path
-
     shipped = shipped_draft_path(str(ref))
     if shipped is not None:
         return shipped
@@ -104,7 +102,7 @@ def load_model(
     ``quantize`` (``int8`` | ``int4``) puts the native runtime's linear layers on PyTorch's
     weight-only CPU kernels (``spectune.models.quant``); ``dtype`` stays the dtype of
     everything else (embeddings, norms, attention, the KV cache). ``device``: where the
-    forwards run (``spectune.devices``). Weights the model expects but the files lack, or
+    forwards run (``spectune.models.devices``). Weights the model expects but the files lack, or
     tensors it does not use, raise ``ModelLoadError``; ``allow_missing_weights`` warns
     instead (missing ones then keep their random initialisation)."""
     if quantize not in QUANT_MODES:
@@ -134,8 +132,6 @@ def load_model(
 
 
 def _to_device(model: LanguageModel, device: torch.device) -> None:
-    from spectune.models.hf import HFModel
-
     if isinstance(model, LlamaLM):
         model.net.to(device)
     elif isinstance(model, HFModel):
@@ -164,39 +160,7 @@ def _load_unquantized(
         raise ModelLoadError(
             f"the native runtime does not support '{family}' models; use --runtime hf"
         )
-    from spectune.models.hf import load_hf_model
-
     return load_hf_model(path, dtype=dtype, allow_missing_weights=allow_missing_weights)
-
-
-def check_weights(
-    source: Path, missing: Collection[str], unused: Collection[str], *, strict: bool
-) -> None:
-    """Raise ``ModelLoadError`` (``strict``) or warn when the files of ``source`` lack
-    weights the model expects (``missing``) or hold tensors it does not use (``unused``).
-
-    One line naming the first three of each, sorted, and what to do."""
-    parts = [
-        f"{len(names)} {label} ({', '.join(sorted(names)[:3])}{', ...' if len(names) > 3 else ''})"
-        for label, names in (
-            ("weights the model expects are missing from the files", missing),
-            ("tensors in the files are not used by the model", unused),
-        )
-        if names
-    ]
-    if not parts:
-        return
-    message = f"{source}: " + "; ".join(parts)
-    if strict:
-        raise ModelLoadError(
-            f"{message}: config.json and the weights do not describe the same model "
-            "(--allow-missing-weights loads it anyway, with random weights where missing)"
-        )
-    warnings.warn(
-        f"--allow-missing-weights: {message}; those weights are randomly initialised",
-        SpectuneWarning,
-        stacklevel=3,
-    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -267,7 +231,7 @@ def native_from_gguf(
 ) -> LlamaLM:
     """Dequantise a Llama-family GGUF into the native runtime.
 
-    The dequantised fp32 weights are cached as safetensors (see ``spectune.cache_dir``);
+    The dequantised fp32 weights are cached as safetensors (see ``spectune.models.cache_dir``);
     later loads read the cache, which takes a fraction of the conversion's time.
     """
     import json as _json

@@ -1,6 +1,6 @@
 """A draft model seen through the target's vocabulary (pairing within llama.cpp's tolerance).
 
-Draft and target may differ by a few vocabulary rows (``spectune.pairing`` allows 128, as
+Draft and target may differ by a few vocabulary rows (``spectune.drafters.pairing`` allows 128, as
 llama.cpp does, once the shared token strings are checked equal). The verifier needs the
 draft distribution over the target's ids, so ``TargetVocabModel`` cuts or pads the draft's
 logits to the target's width before any drafter sees them:

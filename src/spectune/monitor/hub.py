@@ -27,11 +27,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from spectune.control.base import KPolicy, ReportsState
-from spectune.costs import CostCurve
-from spectune.engine import StepRecord
+from spectune.control.costs import CostCurve
 from spectune.monitor.prometheus import PrometheusExporter
 from spectune.monitor.stats import SpecStats, StatsSnapshot
 from spectune.monitor.trace import TraceWriter
+from spectune.records import StepRecord
 
 __all__ = ["STALL_STEPS", "Monitor", "RequestMonitor"]
 

@@ -18,7 +18,7 @@ Metrics (prefix ``spectune_spec_decode_``):
     estimated_speedup, fallback_frequency                         gauges (window; NaN = unknown)
     k                                                             gauge, the last step's K
     verify_peak_bytes                                             gauge, the highest
-        verification peak memory over the last window of steps (``spectune.devices.
+        verification peak memory over the last window of steps (``spectune.models.devices.
         VerifyMemory``: CUDA allocator peak above resident; on the CPU, tensor bytes)
 """
 

@@ -25,7 +25,7 @@ Glossary (one step = one ``StepRecord``):
 - fallback kind         a reason's prefix before the colon (``local``, ``global``, ``cost``,
                         ``drafter_error``); ``token`` counts rejections.
 - verify peak bytes     the peak memory of a step's verification pass
-                        (``spectune.devices.VerifyMemory``); snapshots keep its maximum over
+                        (``spectune.models.devices.VerifyMemory``); snapshots keep its maximum over
                         everything seen and over the window (a peak, so no averaging).
 """
 
@@ -35,12 +35,9 @@ from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
-from spectune.costs import CostCurve
-
-if TYPE_CHECKING:
-    from spectune.engine import StepRecord
+from spectune.control.costs import CostCurve
+from spectune.records import StepRecord
 
 __all__ = [
     "FALLBACK_KINDS",

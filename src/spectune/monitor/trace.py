@@ -8,7 +8,7 @@ One JSON object per line, told apart by ``event``:
                --compare`` records the plain-decoding rate it measured after the run).
 - ``step``     one per engine step: every ``StepRecord`` field (``emitted`` as a list of
                token ids; ``verify_peak_bytes``, the verification's peak memory, see
-               ``spectune.devices.VerifyMemory``), ``overhead_time``, ``fallback_kind``
+               ``spectune.models.devices.VerifyMemory``), ``overhead_time``, ``fallback_kind``
                (the reason's kind, see ``spectune.monitor.stats``), and ``policy``: the
                policy's state after it observed the step (K it will ask next, window
                acceptance, phases of the fallback checks, ...).
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from spectune.control.base import PolicyState
-from spectune.engine import StepRecord
 from spectune.errors import SpectuneError
 from spectune.monitor.stats import StatsSnapshot, fallback_kind
+from spectune.records import StepRecord
 
 __all__ = ["TraceError", "TraceRequest", "TraceStep", "TraceWriter", "read_trace", "to_json"]
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.base import Drafter, SequenceScorer
-from spectune.engine import SpeculativeEngine
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams, process_logits
 

@@ -16,10 +16,7 @@ from spectune.drafters.loading import (
 )
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
-from spectune.errors import SpectuneError
-from spectune.models.loading import load_model, resolve_model_path
-from spectune.models.quant import PRECISIONS, Precision
-from spectune.pairing import (
+from spectune.drafters.pairing import (
     Loaded,
     draft_tokenizer,
     is_suffix_spec,
@@ -27,6 +24,9 @@ from spectune.pairing import (
     paired_model_drafter,
     pairing_problems,
 )
+from spectune.errors import SpectuneError
+from spectune.models.loading import load_model, resolve_model_path
+from spectune.models.quant import PRECISIONS, Precision
 
 __all__ = ["Candidate", "SizeBand", "resolve_candidate", "size_band"]
 

@@ -2,7 +2,7 @@
 
 Draft cost c is measured through the drafter's own ``propose`` (what the engine pays per
 draft token, cache syncing included) relative to one target forward over one token;
-the verification curve v(K) comes from ``spectune.costs``.
+the verification curve v(K) comes from ``spectune.control.costs``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from spectune.control.base import FixedK
+from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.base import Drafter, TargetFeatures
-from spectune.engine import SpeculativeEngine
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams
 

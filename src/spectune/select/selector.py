@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spectune.costs import (
+from spectune.control.costs import (
     CostCurve,
     expected_tokens_per_step,
     measure_forward_curve,
     predicted_speedup,
 )
 from spectune.drafters.feature import FeatureDrafter
-from spectune.engine import validate_k
+from spectune.drafters.pairing import Loaded
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.models.quant import PRECISIONS, Precision
-from spectune.pairing import Loaded
+from spectune.records import validate_k
 from spectune.select.alpha import (
     AlphaEstimate,
     Continuation,
@@ -55,7 +55,7 @@ class SelectSettings:
     # loaded by the caller with the same ones).
     precision: Precision = PRECISIONS["fp32"]
     device: torch.device = torch.device("cpu")
-    trust_draft_vocab: bool = False  # pair drafts without a tokenizer (spectune.pairing)
+    trust_draft_vocab: bool = False  # pair drafts without a tokenizer (spectune.drafters.pairing)
 
     def __post_init__(self) -> None:
         for k in (self.max_k, *self.extra_ks):

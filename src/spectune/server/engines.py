@@ -1,6 +1,6 @@
 """Building the batch engine the scheduler steps: the batched engine, or the sequential one.
 
-``batch`` (``spectune.batch.BatchEngine``) runs one target pass per step over every
+``batch`` (``spectune.decode.batch.BatchEngine``) runs one target pass per step over every
 running request; ``sequential`` runs one pass per request (exact, slower; a reference).
 """
 
@@ -10,19 +10,19 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spectune.batch import BatchEngine
 from spectune.control.base import KPolicy
-from spectune.crossover import load_crossover
+from spectune.control.crossover import load_crossover
+from spectune.decode.batch import BatchEngine
+from spectune.decode.sequential import SequentialBatchEngine
 from spectune.drafters.base import Drafter
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
+from spectune.drafters.pairing import fresh_drafter
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
-from spectune.pairing import fresh_drafter
 from spectune.sampling import SamplingParams
 from spectune.server.scheduler import RequestPolicies, StepEngine
-from spectune.server.sequential import SequentialBatchEngine
 
 __all__ = ["ENGINES", "DraftSource", "EngineSettings", "build_engine"]
 

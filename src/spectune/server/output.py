@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spectune.engine import StepRecord
-from spectune.textgen import StopStrings
-from spectune.tokenizer import IncrementalDecoder, Tokenizer
+from spectune.decode.text import StopStrings
+from spectune.models.tokenizer import IncrementalDecoder, Tokenizer
+from spectune.records import StepRecord
 
 __all__ = ["Delta", "SpeculationUsage", "TextAssembler", "openai_finish_reason"]
 

@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 
 from spectune.control.base import KPolicy
-from spectune.engine import StepRecord
+from spectune.records import StepRecord, StopCondition
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -48,7 +48,7 @@ class Update(Protocol):
 
 
 class StepEngine(Protocol):
-    """What the scheduler needs of a batch engine (``spectune.batch.BatchEngine``)."""
+    """What the scheduler needs of a batch engine (``spectune.decode.batch.BatchEngine``)."""
 
     @property
     def active(self) -> int: ...
@@ -63,7 +63,12 @@ class StepEngine(Protocol):
         params: SamplingParams,
         *,
         generator: torch.Generator | None = None,
-    ) -> None: ...
+        stop: StopCondition | None = None,
+        policy: KPolicy | None = None,
+    ) -> None:
+        """``BatchFullError`` when full, ``InvalidParameterError`` for an id already
+        active, ``PromptError`` for a bad prompt; ``policy`` overrides the engine's own."""
+        ...
 
     def cancel(self, request_id: str) -> None: ...
 
@@ -249,7 +254,7 @@ class Scheduler:
             generator = torch.Generator().manual_seed(submission.params.seed)
         try:
             if submission.policy is not None and self._add_takes_policy:
-                self.engine.add(  # type: ignore[call-arg]
+                self.engine.add(
                     submission.request_id,
                     submission.prompt,
                     submission.params,

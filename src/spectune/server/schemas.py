@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from spectune.control.registry import POLICIES
-from spectune.engine import MAX_K
+from spectune.records import MAX_K
 
 __all__ = [
     "ChatCompletionRequest",

@@ -17,6 +17,7 @@ from spectune.control.base import FixedK, KPolicy
 from spectune.control.registry import make_policy
 from spectune.errors import SpectuneError
 from spectune.models.base import LanguageModel
+from spectune.models.tokenizer import Tokenizer
 from spectune.monitor.hub import Monitor
 from spectune.sampling import SamplingParams
 from spectune.server.errors import APIError
@@ -33,7 +34,6 @@ from spectune.server.scheduler import (
     Update,
 )
 from spectune.server.schemas import ChatCompletionRequest, CompletionRequest, SpectuneOptions
-from spectune.tokenizer import Tokenizer
 
 __all__ = ["Prepared", "ServedModel", "Service"]
 

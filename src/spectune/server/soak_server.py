@@ -54,7 +54,7 @@ def serve(config: SoakConfig) -> None:
         target = toy_model(0, scale=3.0)
         tokenizer = toy_tokenizer(Path(tempfile.mkdtemp(prefix="spectune-soak-")))
     else:
-        from spectune.pairing import fresh_drafter, load_drafter, load_target
+        from spectune.drafters.pairing import fresh_drafter, load_drafter, load_target
 
         loaded = load_target(config.target)
         target, tokenizer = loaded.model, loaded.tokenizer  # type: ignore[assignment]

@@ -15,10 +15,10 @@ from fastapi import FastAPI
 
 from spectune.control.base import FixedK
 from spectune.models.llama import LlamaLM
+from spectune.models.tokenizer import Tokenizer, load_tokenizer
 from spectune.server.engines import DraftSource, EngineSettings, build_engine
 from spectune.server.limits import Limits
 from spectune.server.service import ServedModel, Service
-from spectune.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["running_server", "toy_service", "toy_tokenizer"]
 

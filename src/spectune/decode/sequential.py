@@ -9,25 +9,19 @@ as the reference and test double for the batched engine.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 
-from spectune.control.base import FixedK, KPolicy
+from spectune.control.base import FixedK, GroupedVerification, KPolicy
+from spectune.decode.engine import SpeculativeEngine
+from spectune.decode.step import SequenceUpdate, check_prompt
 from spectune.drafters.base import Drafter
-from spectune.engine import SpeculativeEngine, StepRecord, check_prompt
+from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.models.base import LanguageModel
+from spectune.records import StepRecord, StopCondition
 from spectune.sampling import SamplingParams
 
 __all__ = ["BatchGate", "SequenceFailed", "SequenceUpdate", "SequentialBatchEngine"]
-
-
-@dataclass(frozen=True)
-class SequenceUpdate:
-    """One step of one sequence (the shape ``spectune.batch`` returns too)."""
-
-    request_id: str
-    record: StepRecord
 
 
 class SequenceFailed(Exception):
@@ -47,7 +41,7 @@ class BatchGate:
     """Wraps a request's K policy: no speculation while the batch is larger than ``limit``.
 
     Above that size the target is compute-bound on the batch and verifying drafts costs
-    more than it saves (see ``spectune.costs``); the gate reports why it held K at 0.
+    more than it saves (see ``spectune.control.costs``); the gate reports why it held K at 0.
     """
 
     def __init__(self, inner: KPolicy, batch_size: Callable[[], int], limit: int | None) -> None:
@@ -63,6 +57,11 @@ class BatchGate:
 
     def observe(self, record: StepRecord) -> None:
         self.inner.observe(record)
+
+    def verify_groups(self, k: int) -> int | None:
+        """The inner policy's choice of chunked verification, if it makes one."""
+        inner = self.inner
+        return inner.verify_groups(k) if isinstance(inner, GroupedVerification) else None
 
     @property
     def reason(self) -> str | None:
@@ -112,12 +111,16 @@ class SequentialBatchEngine:
         params: SamplingParams,
         *,
         generator: torch.Generator | None = None,
+        stop: StopCondition | None = None,
         policy: KPolicy | None = None,
     ) -> None:
+        """Join the batch (the ``BatchEngine.add`` contract): ``BatchFullError`` when every
+        slot is taken, ``InvalidParameterError`` for a request id already active,
+        ``PromptError`` for a bad prompt. ``policy`` overrides ``policy_factory``."""
         if request_id in self._running:
-            raise ValueError(f"request {request_id!r} is already running")
+            raise InvalidParameterError(f"request {request_id!r} is already in the batch")
         if not self.has_room:
-            raise RuntimeError("the batch is full; check has_room before add")
+            raise BatchFullError(f"the batch is full ({self.max_batch} sequences)")
         info = self.target.info
         # Check the prompt now rather than at the first step, so the caller hears of a bad
         # request at once and the running batch never holds one.
@@ -128,7 +131,7 @@ class SequentialBatchEngine:
         )
         engine = SpeculativeEngine(self.target, drafter)
         self._running[request_id] = engine.generate(
-            prompt, params, policy=gate, generator=generator
+            prompt, params, policy=gate, generator=generator, stop=stop
         )
 
     def cancel(self, request_id: str) -> None:

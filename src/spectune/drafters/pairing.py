@@ -49,9 +49,9 @@ from spectune.errors import (
 from spectune.models.base import LanguageModel, ModelInfo, takes_tree_masks
 from spectune.models.loading import load_model, resolve_model_path
 from spectune.models.quant import QuantMode
+from spectune.models.shipped import DEFAULT_SUFFIX_INDEX, shipped_drafts, shipped_suffix_index
+from spectune.models.tokenizer import Tokenizer, load_tokenizer
 from spectune.models.vocab import TargetVocabModel
-from spectune.shipped import DEFAULT_SUFFIX_INDEX, shipped_drafts, shipped_suffix_index
-from spectune.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
     "MAX_VOCAB_DIFFERENCE",

@@ -1,7 +1,7 @@
 """Text around the token engine: stop strings and streamed, incrementally decoded text.
 
-The CLI and the server both decode through ``stream_text`` so they cut at stop strings
-and hold back partial UTF-8 the same way.
+The CLI decodes through ``stream_text``; the server assembles its text in
+``spectune.server.output.TextAssembler`` (which also holds back a partial stop string).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from spectune.control.base import KPolicy
-from spectune.engine import SpeculativeEngine, StepRecord
+from spectune.decode.engine import SpeculativeEngine
+from spectune.models.tokenizer import IncrementalDecoder, Tokenizer
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams
-from spectune.tokenizer import IncrementalDecoder, Tokenizer
 
 __all__ = ["StopStrings", "TextChunk", "stream_text"]
 

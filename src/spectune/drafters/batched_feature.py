@@ -21,12 +21,14 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from spectune.batch_draft import DraftRequest, propose_ready, ragged_forward, row_view
-from spectune.drafters.base import Draft, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import TargetFeatures
+from spectune.drafters.batched import CONTEXT_FULL, DraftRequest, Refusal, propose_ready
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.model import choose_token, common_prefix
-from spectune.kv_cache import StaticKVCache
 from spectune.models.base import KVCache
+from spectune.models.kv_cache import StaticKVCache
+from spectune.models.rows import ragged_forward, row_view
 from spectune.sampling import process_logits
 
 __all__ = ["BatchFeatureDrafter"]
@@ -86,17 +88,17 @@ class BatchFeatureDrafter:
         ).float()
         self.known[row] = end
 
-    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | str]:
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
         vocab = self.drafter.vocab_size
 
-        def refuse(req: DraftRequest) -> Draft | str | None:
+        def refuse(req: DraftRequest) -> Draft | Refusal | None:
             length = len(req.context)
             if length < 2:  # position 0 has no head input: nothing to draft from yet
                 return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab))
             if length + req.k > self.limit:
-                return "draft_context_full"
+                return CONTEXT_FULL
             if self.known[req.row] < length - 1:
-                return "drafter_error: the feature drafter needs the target's states"
+                return Refusal("drafter_error: the feature drafter needs the target's states")
             return None
 
         return propose_ready(requests, refuse, lambda ready: self._draft(ready, num_rows))

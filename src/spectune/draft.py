@@ -1,4 +1,5 @@
-"""Token trees: the layout a target needs to score a whole tree in one forward pass.
+"""A draft and its geometry: chain or token tree, and the layout a target needs to score a
+whole tree in one forward pass.
 
 A tree draft proposes several continuations at once. The target reads the pending token
 (the root) and every node in one chunk; each node must see the committed prefix and its
@@ -21,7 +22,7 @@ index 0). The drafter proposes "cat" and "dog" after "the", and "sat" after "cat
 
 The target's logits at chunk row c score the children of node c. If "cat sat" is
 accepted, the keys and values of chunk indices 1 and 3 (slots 11 and 13) are compacted
-into slots 11 and 12 (``keep_path``), and everything after is discarded.
+into slots 11 and 12 (``spectune.decode.step.keep_path``), and everything after is discarded.
 
 A chain is the tree whose parents are ``[-1, 0, 1, ...]``: positions and mask are the
 ordinary causal ones, and compaction moves nothing.
@@ -30,24 +31,58 @@ ordinary causal ones, and compaction moves nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from spectune.errors import DrafterError
-from spectune.models.base import KVCache
 
 __all__ = [
     "MAX_TREE_NODES",
+    "Draft",
     "chain_parents",
+    "empty_draft",
     "check_parents",
-    "keep_path",
     "tree_depths",
     "tree_layout",
     "trim_tree",
 ]
 
 MAX_TREE_NODES = 64  # a tree wider than this costs the target more than it can win on a CPU
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A chain of draft tokens, or a token tree when ``parents`` is given.
+
+    A tree's nodes are listed parents first, siblings together in the order they were
+    drawn; ``parents[i]`` is the node index of node i's parent, -1 for children of the
+    pending token (``spectune.draft`` has a worked example). A chain is the tree with
+    ``parents = [-1, 0, 1, ...]``, which is what ``parents is None`` means.
+    """
+
+    tokens: Tensor  # [k] int64, 0 <= k <= requested (for a tree: its nodes)
+    # [k, vocab] fp32: the processed distribution each token was sampled from, or None for a
+    # drafter without probabilities (the verifier then treats each token as one-hot).
+    # Siblings in a tree share their parent's row (they were drawn without replacement).
+    probs: Tensor | None
+    parents: Tensor | None = None  # [k] int64 for a tree, None for a chain
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def depth(self) -> int | None:
+        """A tree's longest path (the draft positions one path can test); None for a chain."""
+        if self.parents is None:
+            return None
+        return max(tree_depths(self.parents.tolist()), default=0)
+
+
+def empty_draft() -> Draft:
+    """No draft: the step decodes plainly (the target's token only)."""
+    return Draft(torch.zeros(0, dtype=torch.long), None)
 
 
 def chain_parents(num_nodes: int) -> Tensor:
@@ -103,24 +138,7 @@ def trim_tree(
     """Keep the first ``max_nodes`` nodes (ancestor-closed, since parents come first).
 
     Cutting by count keeps each node's children a prefix of the order they were drawn in,
-    which is what lossless sibling verification needs (``spectune.tree_verify``).
+    which is what lossless sibling verification needs (``spectune.verify.tree``).
     """
     keep = max(0, max_nodes)
     return tokens[:keep], None if probs is None else probs[:keep], parents[:keep]
-
-
-def keep_path(cache: KVCache, row: int, length_before: int, path: Sequence[int]) -> None:
-    """Step 6 for any draft: keep the root and the accepted ``path`` (chunk indices, root
-    excluded) of the chunk written at ``length_before``, contiguously; forget the rest.
-
-    For a chain the accepted path already sits in place (``path == 1..a``): only the
-    length moves. For a tree the path's entries are copied down (``move_slots``), so
-    the cache again holds exactly the committed tokens at their own positions.
-    """
-    if list(path) != list(range(1, len(path) + 1)):
-        move_slots = getattr(cache, "move_slots", None)
-        if move_slots is None:
-            raise TypeError("tree compaction needs a cache with move_slots (native runtime)")
-        src = length_before + torch.tensor(list(path), dtype=torch.long)  # [a]
-        move_slots(row, src, length_before + 1)
-    cache.truncate(length_before + 1 + len(path), row)

@@ -11,96 +11,35 @@ pass, so the logits at row i score draft token i + 1 and row k gives the bonus t
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from spectune.chunked import GroupedVerification, verify_in_groups
-from spectune.control.base import FixedK, KPolicy
-from spectune.devices import VerifyMemory, model_device
-from spectune.drafters.base import Draft, Drafter, TargetFeatures
-from spectune.errors import DrafterError, InvalidParameterError, PromptError
-from spectune.models.base import KVCache, LanguageModel
-from spectune.sampling import SamplingParams, process_logits
-from spectune.tree import (
-    MAX_TREE_NODES,
-    check_parents,
+from spectune.control.base import FixedK, GroupedVerification, KPolicy
+from spectune.decode.step import (
+    CHUNK_SLACK,
+    check_draft,
+    check_prompt,
+    cut_at_stops,
+    fit_to_room,
     keep_path,
-    tree_depths,
-    tree_layout,
-    trim_tree,
+    request_generator,
 )
-from spectune.tree_verify import verify_tree_greedy, verify_tree_sampled
-from spectune.verify import VerifyResult, verify_greedy, verify_sampled
+from spectune.draft import Draft, empty_draft, tree_layout
+from spectune.drafters.base import Drafter, TargetFeatures
+from spectune.errors import InvalidParameterError
+from spectune.models.base import KVCache, LanguageModel
+from spectune.models.devices import VerifyMemory, model_device
+from spectune.records import StepRecord, StopCondition, drafter_error
+from spectune.sampling import SamplingParams
+from spectune.verify.chain import VerifyResult
+from spectune.verify.draft import verify_draft
+from spectune.verify.grouped import verify_in_groups
 
-__all__ = [
-    "CHUNK_SLACK",
-    "MAX_K",
-    "Generation",
-    "SpeculativeEngine",
-    "StepRecord",
-    "StopCondition",
-    "check_draft",
-    "check_prompt",
-    "request_generator",
-    "cut_at_stops",
-    "fit_to_room",
-    "validate_k",
-    "verify_draft",
-]
-
-MAX_K = 32  # beyond this a chain draft is never accepted in full; larger K is a mistake
-# Slots a step may write past the context: the pending token plus a chain or a tree.
-CHUNK_SLACK = max(MAX_K, MAX_TREE_NODES) + 1
-
-
-def validate_k(k: int, *, allow_zero: bool = False) -> int:
-    low = 0 if allow_zero else 1
-    if not isinstance(k, int) or isinstance(k, bool) or not low <= k <= MAX_K:
-        raise InvalidParameterError(
-            f"K (draft tokens per step) must be in [{low}, {MAX_K}], got {k}"
-        )
-    return k
-
-
-class StopCondition(Protocol):
-    def check(self, output: Sequence[int]) -> int | None:
-        """If the output now contains a stop, the number of tokens to keep; else None."""
-        ...
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one step did. Rates are derived from these counts when reported."""
-
-    index: int
-    k: int  # draft tokens asked of the drafter (0: a plain decoding step)
-    drafted: int  # draft tokens the drafter returned (<= k)
-    accepted: int  # draft tokens the target kept
-    emitted: tuple[int, ...]  # tokens appended to the output, after stop truncation
-    draft_time: float  # seconds spent drafting
-    target_time: float  # seconds in the target's forward pass
-    step_time: float  # wall seconds for the whole step (draft + target + verify + bookkeeping)
-    fallback: str | None = None  # why speculation was off or cut short this step, if it was
-    finish_reason: str | None = None  # "eos" | "length" | "stop" once the request is done
-    verify_groups: int = 1  # target passes the verification took (chunked: > 1)
-    tree_depth: int | None = None  # a tree draft's longest path; None for a chain
-    # Peak memory of the verification pass (spectune.devices.VerifyMemory: the CUDA
-    # allocator's peak above resident, or on the CPU the bytes of its tensors from shapes);
-    # None where not measured (older traces, test doubles).
-    verify_peak_bytes: int | None = None
-
-    @property
-    def positions(self) -> int:
-        """Draft positions tested along one path: a chain's length, a tree's depth. The
-        denominator of acceptance: a tree of 8 nodes and depth 2 can keep 2 tokens at
-        most, so accepted / drafted would understate how well it did."""
-        return self.drafted if self.tree_depth is None else self.tree_depth
+__all__ = ["Generation", "SpeculativeEngine"]
 
 
 @dataclass
@@ -112,6 +51,12 @@ class Generation:
     steps: list[StepRecord] = field(default_factory=list)
     prefill_time: float = 0.0
     finish_reason: str | None = None
+
+    def add(self, record: StepRecord) -> None:
+        """Take one step's record: its tokens, the record itself, the finish reason."""
+        self.tokens.extend(record.emitted)
+        self.steps.append(record)
+        self.finish_reason = record.finish_reason
 
     @property
     def drafted(self) -> int:
@@ -147,7 +92,7 @@ class SpeculativeEngine:
     def __init__(
         self, target: LanguageModel, drafter: Drafter | None = None, *, verify_groups: int = 1
     ) -> None:
-        """``verify_groups > 1`` verifies chain drafts group by group (``spectune.chunked``);
+        """``verify_groups > 1`` verifies chain drafts group by group (``spectune.verify.grouped``);
         a policy that implements ``GroupedVerification`` chooses per step instead."""
         if verify_groups < 1:
             raise InvalidParameterError(f"verify_groups must be >= 1, got {verify_groups}")
@@ -155,14 +100,20 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.verify_groups = verify_groups
 
-    def run(self, prompt: Sequence[int], params: SamplingParams, **kwargs: object) -> Generation:
+    def run(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        policy: KPolicy | None = None,
+        generator: torch.Generator | None = None,
+        stop: StopCondition | None = None,
+    ) -> Generation:
         """Decode to completion and collect the result (see ``generate`` for arguments)."""
         result = Generation(prompt_tokens=list(prompt))
         start = time.perf_counter()
-        for record in self.generate(prompt, params, **kwargs):  # type: ignore[arg-type]
-            result.tokens.extend(record.emitted)
-            result.steps.append(record)
-            result.finish_reason = record.finish_reason
+        for record in self.generate(prompt, params, policy=policy, generator=generator, stop=stop):
+            result.add(record)
         # Whatever the steps did not account for is the prefill (and the first setup).
         result.prefill_time = time.perf_counter() - start - result.decode_time
         return result
@@ -218,20 +169,20 @@ class SpeculativeEngine:
 
             # 3. Draft (a chain, or a tree when the drafter returns parents).
             draft_time = 0.0
-            draft = Draft(torch.zeros(0, dtype=torch.long), None)
+            draft = empty_draft()
             if k > 0 and drafter is not None:
                 draft_start = time.perf_counter()
                 try:
                     proposed = drafter.propose(context, k, params, generator)
                     draft = fit_to_room(check_draft(proposed, k, info.vocab_size), room - 1)
                 except Exception as exc:  # any drafter failure falls back to plain decoding
-                    drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
+                    drafter_failure = drafter_error(exc)
                     fallback = drafter_failure
-                    draft = Draft(torch.zeros(0, dtype=torch.long), None)
+                    draft = empty_draft()
                 draft_time = time.perf_counter() - draft_start
 
             # 4. One target pass over the pending token and the draft (a tree goes in with
-            #    depth positions and an ancestor mask, see spectune.tree).
+            #    depth positions and an ancestor mask, see spectune.draft).
             target_start = time.perf_counter()
             memory = VerifyMemory(device)
             length_before = cache.length()
@@ -241,7 +192,7 @@ class SpeculativeEngine:
                 groups = self._groups(policy, len(draft))
             if groups > 1:
                 # 4-5. Chunked: one pass per group, each verified as it comes, stopping at
-                #      the first rejection (the same tokens as one pass, spectune.chunked).
+                #      the first rejection (the same tokens as one pass, spectune.verify.grouped).
                 result, hidden_states = self._verify_chunked(
                     chunk, cache, draft, groups, params, generator
                 )
@@ -295,11 +246,7 @@ class SpeculativeEngine:
                 fallback=fallback,
                 finish_reason=finish,
                 verify_groups=groups,
-                tree_depth=(
-                    None
-                    if draft.parents is None
-                    else max(tree_depths(draft.parents.tolist()), default=0)
-                ),
+                tree_depth=draft.depth,
                 verify_peak_bytes=verify_peak,
             )
             policy.observe(record)
@@ -332,111 +279,3 @@ class SpeculativeEngine:
 
         result = verify_in_groups(draft.tokens, draft.probs, score, groups, params, generator)
         return result, torch.cat(hidden) if hidden else None
-
-
-def check_prompt(prompt: Sequence[int], vocab_size: int, context: int) -> list[int]:
-    """The prompt as a list, or a ``PromptError`` saying why it cannot be decoded."""
-    tokens = list(prompt)
-    if not tokens:
-        raise PromptError("the prompt is empty")
-    if any(not isinstance(t, int) or not 0 <= t < vocab_size for t in tokens):
-        raise PromptError(f"the prompt holds token ids outside the vocabulary of {vocab_size}")
-    if len(tokens) >= context:
-        raise PromptError(f"the prompt has {len(tokens)} tokens; the context holds {context}")
-    return tokens
-
-
-def request_generator(params: SamplingParams) -> torch.Generator:
-    """A request's own random stream: seeded by ``params.seed``, else from the OS."""
-    generator = torch.Generator()
-    if params.seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(params.seed)
-    return generator
-
-
-def cut_at_stops(
-    emitted: list[int],
-    output: list[int],
-    max_tokens: int,
-    eos: Collection[int],
-    stop: StopCondition | None,
-) -> tuple[list[int], str | None]:
-    """Step 7 of every decoding loop: cut a step's tokens at EOS, ``max_tokens`` and a stop.
-
-    ``output`` (the request's tokens before this step) is extended in place with what is
-    kept. Returns (the kept tokens, the finish reason or None). Shared by the single-
-    sequence and the batched engines so both stop identically.
-    """
-    remaining = max_tokens - len(output)
-    finish: str | None = None
-    for i, token in enumerate(emitted):
-        if token in eos:
-            emitted, finish = emitted[: i + 1], "eos"
-            break
-    if len(output) + len(emitted) >= max_tokens:
-        if finish is None or len(output) + len(emitted) > max_tokens:
-            emitted, finish = emitted[:remaining], "length"
-    output.extend(emitted)
-    if stop is not None:
-        keep = stop.check(output)
-        if keep is not None:
-            emitted = emitted[: max(0, len(emitted) - (len(output) - keep))]
-            del output[keep:]
-            finish = "stop"
-    return emitted, finish
-
-
-def check_draft(draft: Draft, k: int, vocab_size: int) -> Draft:
-    """Reject drafts the verifier cannot use; callers fall back on ``DrafterError``."""
-    tokens = draft.tokens
-    if tokens.dim() != 1 or tokens.dtype != torch.long:
-        raise DrafterError("draft tokens must be a 1-D int64 tensor")
-    if draft.parents is None and tokens.shape[0] > k:
-        raise DrafterError(f"a chain draft holds at most {k} tokens, got {tokens.shape[0]}")
-    if draft.parents is not None:
-        check_parents(draft.parents, tokens.shape[0])
-        if tokens.shape[0] and max(tree_depths(draft.parents.tolist())) > k:
-            raise DrafterError(f"a draft tree is at most {k} deep")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise DrafterError("draft token ids outside the target's vocabulary")
-    if draft.probs is not None:
-        probs = draft.probs
-        if probs.shape != (tokens.shape[0], vocab_size):
-            raise DrafterError(f"draft probabilities must be [{tokens.shape[0]}, {vocab_size}]")
-        if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
-            raise DrafterError("draft probabilities hold NaN, infinite or negative values")
-        sums = probs.sum(-1)
-        if tokens.numel() and not bool(((sums - 1).abs() < 1e-3).all()):
-            raise DrafterError("draft probabilities do not sum to 1")
-    return draft
-
-
-def verify_draft(
-    draft: Draft,
-    target_logits: Tensor,  # [k + 1, vocab]
-    params: SamplingParams,
-    generator: torch.Generator,
-) -> VerifyResult:
-    """Step 5: greedy matching at temperature 0, rejection sampling otherwise; a tree
-    draft (``parents`` set) goes to the multi-branch verifier (``spectune.tree_verify``)."""
-    if params.greedy:
-        if draft.parents is not None:
-            return verify_tree_greedy(draft.tokens, draft.parents, target_logits)
-        return verify_greedy(draft.tokens, target_logits)
-    target_probs = process_logits(target_logits, params)  # [k + 1, vocab]
-    if not math.isfinite(float(target_probs.sum())):
-        raise FloatingPointError("the target produced non-finite probabilities")
-    if draft.parents is not None:
-        return verify_tree_sampled(
-            draft.tokens, draft.parents, draft.probs, target_probs, generator
-        )
-    return verify_sampled(draft.tokens, draft.probs, target_probs, generator)
-
-
-def fit_to_room(draft: Draft, max_nodes: int) -> Draft:
-    """Cut a tree to the slots left in the context (a chain already fits: k <= room - 1)."""
-    if draft.parents is None or len(draft) <= max_nodes:
-        return draft
-    return Draft(*trim_tree(draft.tokens, draft.probs, draft.parents, max_nodes))

@@ -5,8 +5,8 @@ sequence by one speculative step:
 
 1. K per sequence from its own policy (0 above ``speculate_max_batch`` active sequences,
    where speculation stops paying, and for sequences whose drafter failed).
-2. Draft: one draft pass per draft step over the batch (``spectune.batch_draft``; a
-   feature head: ``spectune.batch_feature_draft``). With a ``draft_deadline``, a pass
+2. Draft: one draft pass per draft step over the batch (``spectune.drafters.batched``; a
+   feature head: ``spectune.drafters.batched_feature``). With a ``draft_deadline``, a pass
    that takes longer is abandoned and the step decodes plainly (below).
 3. One target pass over ``[batch, 1 + max K]``: row b is ``[pending_b, draft_b..., pad]``.
 4. Per sequence: verify (``engine.verify_draft``), roll back its row to what it kept,
@@ -30,7 +30,7 @@ may round differently from a single-row one, which can flip a greedy near-tie.
 Step times in the records are the batch's (every sequence of a step shares them).
 
 Draft deadline: a drafter that hangs must not stall the batch. With ``draft_deadline``
-seconds set, the draft pass runs in a worker thread (``spectune.deadline``); past the
+seconds set, the draft pass runs in a worker thread (``spectune.decode.deadline``); past the
 deadline the step goes on without drafts. The late pass may still be running inside the
 drafter, so the drafter is not touched again until it returns: every sequence in the
 batch then decodes plainly to its end (fallback ``draft_deadline``, as for a drafter
@@ -46,51 +46,43 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spectune.batch_draft import (
-    BatchDrafter,
-    BatchModelDrafter,
-    DraftRequest,
-    PerSequenceDrafters,
-    forward_row,
-    forward_rows,
-)
-from spectune.batch_feature_draft import BatchFeatureDrafter
 from spectune.control.base import FixedK, KPolicy
-from spectune.crossover import load_crossover
-from spectune.deadline import DeadlineCall, DeadlineExceeded
-from spectune.devices import VerifyMemory, model_device
-from spectune.drafters.base import Draft, Drafter, TargetFeatures
-from spectune.drafters.feature import FeatureDrafter
-from spectune.drafters.ngram import NgramDrafter
-from spectune.engine import (
+from spectune.control.crossover import load_crossover
+from spectune.decode.deadline import DeadlineCall, DeadlineExceeded
+from spectune.decode.step import (
     CHUNK_SLACK,
-    StepRecord,
-    StopCondition,
+    SequenceUpdate,
     check_draft,
     check_prompt,
     cut_at_stops,
     fit_to_room,
+    keep_path,
     request_generator,
-    verify_draft,
 )
+from spectune.draft import Draft, chain_parents, empty_draft, tree_layout
+from spectune.drafters.base import Drafter, TargetFeatures
+from spectune.drafters.batched import (
+    BatchDrafter,
+    BatchModelDrafter,
+    DraftRequest,
+    PerSequenceDrafters,
+    Refusal,
+)
+from spectune.drafters.batched_feature import BatchFeatureDrafter
+from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import BatchFullError, InvalidParameterError
-from spectune.kv_cache import StaticKVCache
 from spectune.models.base import LanguageModel
+from spectune.models.devices import VerifyMemory, model_device
+from spectune.models.kv_cache import StaticKVCache
+from spectune.models.rows import forward_row, forward_rows
+from spectune.records import StepRecord, StopCondition, drafter_error
 from spectune.sampling import SamplingParams
-from spectune.tree import chain_parents, keep_path, tree_layout
+from spectune.verify.draft import verify_draft
 
 __all__ = ["BatchEngine", "SequenceUpdate"]
 
-SLACK = CHUNK_SLACK  # slots a row may be written past its length (chunk and padding)
 DRAFT_DEADLINE = "draft_deadline"  # the fallback kind of a draft pass past its deadline
-
-
-@dataclass(frozen=True)
-class SequenceUpdate:
-    """What one step did for one sequence."""
-
-    request_id: str
-    record: StepRecord
 
 
 @dataclass
@@ -108,10 +100,6 @@ class _Sequence:
     output: list[int] = field(default_factory=list)
     drafter_failure: str | None = None
     index: int = 0
-
-
-def _no_draft(_: int) -> Draft:
-    return Draft(torch.zeros(0, dtype=torch.long), None)
 
 
 def tree_inputs(
@@ -141,7 +129,7 @@ class BatchEngine:
     (prompt + output).
     ``speculate_max_batch``: above this many active sequences every step is plain; None
     reads the crossover ``spectune experiment batch`` measured for this target and draft
-    (``spectune.crossover``: this machine's, else the shipped one), and speculates at
+    (``spectune.control.crossover``: this machine's, else the shipped one), and speculates at
     every size if there is none.
     ``policy_factory`` makes each request's K policy (default: ``FixedK(4)`` with a
     draft, ``FixedK(0)`` without).
@@ -169,14 +157,14 @@ class BatchEngine:
         self.target = target
         self.max_batch = max_batch
         try:
-            self.cache = target.new_cache(batch_size=max_batch, capacity=capacity + SLACK)
+            self.cache = target.new_cache(batch_size=max_batch, capacity=capacity + CHUNK_SLACK)
         except ValueError as exc:
             raise InvalidParameterError(
                 f"the target cannot decode a batch of {max_batch}: {exc}"
             ) from exc
         if max_batch > 1 and not isinstance(self.cache, StaticKVCache):
             raise InvalidParameterError("batches of more than one need the native runtime")
-        self.capacity = min(capacity, self.cache.capacity - SLACK)
+        self.capacity = min(capacity, self.cache.capacity - CHUNK_SLACK)
         if self.capacity < 2:
             raise InvalidParameterError("the target's context is too short to batch")
         self.policy_factory = policy_factory
@@ -206,9 +194,13 @@ class BatchEngine:
                 )
             return PerSequenceDrafters(NgramDrafter, self.max_batch)
         if isinstance(draft, LanguageModel):
-            return BatchModelDrafter(draft, self.max_batch, self.capacity + SLACK, SLACK)
+            return BatchModelDrafter(
+                draft, self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK
+            )
         if isinstance(draft, FeatureDrafter):
-            return BatchFeatureDrafter(draft, self.max_batch, self.capacity + SLACK, SLACK)
+            return BatchFeatureDrafter(
+                draft, self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK
+            )
         return PerSequenceDrafters(draft, self.max_batch)
 
     @property
@@ -232,11 +224,13 @@ class BatchEngine:
         *,
         generator: torch.Generator | None = None,
         stop: StopCondition | None = None,
+        policy: KPolicy | None = None,
     ) -> None:
         """Join the batch: checks the request, then prefills its row (all but the last token).
 
         Raises ``BatchFullError`` when every row is taken, ``InvalidParameterError`` for a
-        request id already active, ``PromptError`` for a bad prompt.
+        request id already active, ``PromptError`` for a bad prompt. ``policy`` overrides
+        ``policy_factory``.
         """
         info = self.target.info
         if request_id in self._by_id:
@@ -245,9 +239,9 @@ class BatchEngine:
             raise BatchFullError(f"the batch is full ({self.max_batch} sequences)")
         prompt = check_prompt(prompt, info.vocab_size, self.capacity)
         generator = generator or request_generator(params)
-        if self.policy_factory is not None:
+        if policy is None and self.policy_factory is not None:
             policy = self.policy_factory(params)
-        else:
+        elif policy is None:
             policy = FixedK(4 if self.drafter is not None else 0)
         row = len(self._rows)
         # The single-sequence engine's capacity, so both finish on "length" alike.
@@ -267,7 +261,7 @@ class BatchEngine:
             try:
                 self.drafter.add(row, prompt, features)
             except Exception as exc:  # a drafter that cannot start: decode this one plainly
-                seq.drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
+                seq.drafter_failure = drafter_error(exc)
         self._rows.append(seq)
         self._by_id[request_id] = seq
 
@@ -300,13 +294,13 @@ class BatchEngine:
 
     def _propose(
         self, drafter: BatchDrafter, requests: list[DraftRequest], num_rows: int
-    ) -> list[Draft | str]:
+    ) -> list[Draft | Refusal]:
         if self.draft_deadline is None:
             return drafter.propose(requests, num_rows)
         # The worker thread gets this thread's autograd modes (they are per thread).
         inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
 
-        def propose() -> list[Draft | str]:
+        def propose() -> list[Draft | Refusal]:
             with torch.inference_mode(inference), torch.set_grad_enabled(grad):
                 return drafter.propose(requests, num_rows)
 
@@ -339,7 +333,7 @@ class BatchEngine:
             fallbacks.append(reason)
 
         # 2. Draft: one batched pass per draft step; a failure falls back for its sequence.
-        drafts = [_no_draft(0) for _ in seqs]
+        drafts = [empty_draft() for _ in seqs]
         draft_time = 0.0
         requests = [
             DraftRequest(s.row, s.context, k, s.params, s.generator)
@@ -356,22 +350,21 @@ class BatchEngine:
                 reason = f"{DRAFT_DEADLINE}: {exc}; no drafts for this request"
                 for seq in seqs:
                     seq.drafter_failure = seq.drafter_failure or reason
-                proposed = [reason] * len(requests)
+                proposed = [Refusal(reason)] * len(requests)
             except Exception as exc:  # the whole pass failed: its sequences decode plainly
-                proposed = [f"drafter_error: {exc}".splitlines()[0][:200]] * len(requests)
+                proposed = [Refusal(drafter_error(exc))] * len(requests)
             for req, proposal in zip(requests, proposed, strict=True):
                 seq = seqs[req.row]
-                if isinstance(proposal, str):
-                    if proposal == "draft_context_full":
-                        fallbacks[req.row] = proposal  # this step only
-                        continue
-                    seq.drafter_failure = fallbacks[req.row] = proposal
+                if isinstance(proposal, Refusal):
+                    fallbacks[req.row] = proposal.reason
+                    if proposal.permanent:
+                        seq.drafter_failure = proposal.reason
                     continue
                 room = seq.capacity - len(seq.context)
                 try:
                     drafts[req.row] = fit_to_room(check_draft(proposal, req.k, vocab), room - 1)
                 except Exception as exc:
-                    seq.drafter_failure = f"drafter_error: {exc}".splitlines()[0][:200]
+                    seq.drafter_failure = drafter_error(exc)
                     fallbacks[req.row] = seq.drafter_failure
             draft_time = time.perf_counter() - draft_start
 
@@ -427,6 +420,7 @@ class BatchEngine:
                 step_time=time.perf_counter() - step_start,
                 fallback=fallback,
                 finish_reason=finish,
+                tree_depth=draft.depth,
                 verify_peak_bytes=verify_peak,
             )
             seq.policy.observe(record)

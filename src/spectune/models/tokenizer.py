@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from spectune.cache_dir import derived_path
 from spectune.errors import ModelLoadError, PromptError
+from spectune.models.cache_dir import derived_path
 
 __all__ = ["IncrementalDecoder", "Tokenizer", "check_text", "load_tokenizer"]
 

@@ -26,6 +26,7 @@ from spectune.models.base import LanguageModel
 
 __all__ = [
     "CostCurve",
+    "ewma",
     "expected_tokens_per_step",
     "measure_forward_curve",
     "measure_step_time",
@@ -105,11 +106,26 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def predicted_speedup(alpha: float, draft_cost: float, curve: CostCurve, k: int) -> float:
-    """S(k) relative to plain decoding; S(0) = 1."""
+def predicted_speedup(
+    alpha: float,
+    draft_cost: float,
+    curve: CostCurve,
+    k: int,
+    *,
+    verify_cost: float | None = None,
+) -> float:
+    """S(k) relative to plain decoding; S(0) = 1. ``verify_cost``: the target's cost of
+    verifying k tokens in units of a one-token step (default ``curve.relative(k)``, one
+    pass; chunked verification passes its expected cost)."""
     if k == 0:
         return 1.0
-    return expected_tokens_per_step(alpha, k) / (k * draft_cost + curve.relative(k))
+    verify = curve.relative(k) if verify_cost is None else verify_cost
+    return expected_tokens_per_step(alpha, k) / (k * draft_cost + verify)
+
+
+def ewma(old: float | None, new: float, weight: float) -> float:
+    """Exponentially weighted moving average: ``new`` itself when there is no ``old``."""
+    return new if old is None else (1.0 - weight) * old + weight * new
 
 
 def optimal_k(

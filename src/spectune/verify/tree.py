@@ -57,7 +57,7 @@ import torch
 from torch import Tensor
 
 from spectune.sampling import sample_from
-from spectune.verify import VerifyResult
+from spectune.verify.chain import VerifyResult
 
 __all__ = ["TreeVerifyResult", "verify_tree_greedy", "verify_tree_sampled"]
 

@@ -7,7 +7,7 @@ itself off above it.
 
 Where it is looked up, first hit wins:
 1. this machine's measurements, JSON under ``$SPECTUNE_CACHE`` (default
-   ``~/.cache/spectune``, the root ``spectune.cache_dir`` uses too);
+   ``~/.cache/spectune``, the root ``spectune.models.cache_dir`` uses too);
 2. the measurements shipped with spectune (``assets/crossover.json``: the embedded default
    target with the shipped draft, measured on the 2-core CPU this project is built on;
    each entry names the command that produced it).

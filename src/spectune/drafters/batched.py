@@ -19,98 +19,54 @@ sequence samples.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from spectune.drafters.base import Draft, Drafter, TargetFeatures
+from spectune.draft import Draft
+from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.drafters.model import choose_token, common_prefix
 from spectune.errors import InvalidParameterError
-from spectune.kv_cache import StaticKVCache
-from spectune.models.base import KVCache, LanguageModel, ModelOutput
+from spectune.models.base import LanguageModel
+from spectune.models.kv_cache import StaticKVCache
+from spectune.models.rows import forward_row, ragged_forward
+from spectune.records import drafter_error
 from spectune.sampling import SamplingParams, process_logits
 
 __all__ = [
     "BatchDrafter",
     "BatchModelDrafter",
     "DraftRequest",
+    "CONTEXT_FULL",
     "PerSequenceDrafters",
-    "forward_row",
-    "forward_rows",
+    "Refusal",
     "propose_ready",
-    "ragged_forward",
-    "row_view",
 ]
 
-T = TypeVar("T")
+
+@dataclass(frozen=True)
+class Refusal:
+    """A batch drafter's answer for a request it cannot draft for; ``reason`` becomes the
+    step's fallback. A ``permanent`` refusal (the drafter failed) turns drafting off for the
+    rest of the request; a passing one (the draft cache is full) for this step only."""
+
+    reason: str
+    permanent: bool = True
 
 
-@contextmanager
-def row_view(cache: KVCache, start: int, stop: int) -> Iterator[KVCache]:
-    """Rows ``[start, stop)`` of ``cache`` as a cache of their own, their lengths written back
-    on exit. The whole cache is itself (a cache that is not a ``StaticKVCache`` holds one
-    sequence and can only be used whole)."""
-    if start == 0 and stop == cache.batch_size:
-        yield cache
-        return
-    if not isinstance(cache, StaticKVCache):
-        raise TypeError("row views need the native runtime's StaticKVCache")
-    view = cache.rows(start, stop)
-    try:
-        yield view
-    finally:
-        cache.lengths[start:stop] = view.lengths
-
-
-def forward_rows(
-    model: LanguageModel,
-    cache: KVCache,
-    num_rows: int,
-    tokens: Tensor,  # [num_rows, chunk] int64
-    positions: Tensor | None = None,  # [num_rows, chunk] int64
-    chunk_mask: Tensor | None = None,  # [num_rows, chunk, chunk] bool
-) -> ModelOutput:
-    """Forward the leading ``num_rows`` rows of ``cache`` only (the active sequences)."""
-    with row_view(cache, 0, num_rows) as view:
-        return model.forward(tokens, view, positions=positions, chunk_mask=chunk_mask)
-
-
-def forward_row(
-    model: LanguageModel,
-    cache: KVCache,
-    row: int,
-    tokens: Tensor,  # [1, chunk] int64
-) -> ModelOutput:
-    """Forward one row of ``cache`` (a prefill for a sequence joining the batch)."""
-    with row_view(cache, row, row + 1) as view:
-        return model.forward(tokens, view)
-
-
-def ragged_forward(
-    cache: KVCache, num_rows: int, used: Sequence[int], forward: Callable[[KVCache], T]
-) -> T:
-    """Run ``forward`` over the leading ``num_rows`` rows, each given a padded chunk of which
-    only ``used[row]`` tokens are real, then truncate every row back to its length before
-    plus ``used[row]``: the padding is forgotten (causal attention kept the real tokens
-    blind to it, since it comes after them)."""
-    before = [cache.length(row) for row in range(num_rows)]
-    with row_view(cache, 0, num_rows) as view:
-        out = forward(view)
-    for row in range(num_rows):
-        cache.truncate(before[row] + used[row], row)
-    return out
+# The draft cache has no room for this request's context and draft (this step only).
+CONTEXT_FULL = Refusal("draft_context_full", permanent=False)
 
 
 def propose_ready(
     requests: Sequence[DraftRequest],
-    refuse: Callable[[DraftRequest], Draft | str | None],
+    refuse: Callable[[DraftRequest], Draft | Refusal | None],
     draft: Callable[[list[DraftRequest]], list[Draft]],
-) -> list[Draft | str]:
+) -> list[Draft | Refusal]:
     """One answer per request, in order: what ``refuse`` says for a request it turns away
     (a reason, or an empty draft), else its draft from one ``draft`` call over the rest."""
     answers = [refuse(req) for req in requests]
@@ -145,8 +101,8 @@ class BatchDrafter(Protocol):
         """The sequence at ``row`` left the batch."""
         ...
 
-    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | str]:
-        """One draft (or a one-line failure reason) per request, in request order.
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
+        """One draft (or a refusal saying why not) per request, in request order.
 
         ``num_rows`` is the number of active rows (requests cover a subset of them).
         Raising fails every request of the pass; the engine then decodes them plainly.
@@ -178,17 +134,17 @@ class PerSequenceDrafters:
     def free(self, row: int) -> None:
         self.drafters[row] = None
 
-    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | str]:
-        drafts: list[Draft | str] = []
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
+        drafts: list[Draft | Refusal] = []
         for req in requests:
             drafter = self.drafters[req.row]
             if drafter is None:
-                drafts.append("drafter_error: no drafter for this row")
+                drafts.append(Refusal("drafter_error: no drafter for this row"))
                 continue
             try:
                 drafts.append(drafter.propose(req.context, req.k, req.params, req.generator))
             except Exception as exc:  # one sequence's drafter failing never fails the batch
-                drafts.append(f"drafter_error: {exc}".splitlines()[0][:200])
+                drafts.append(Refusal(drafter_error(exc)))
         return drafts
 
     def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
@@ -236,9 +192,9 @@ class BatchModelDrafter:
     def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Nothing to do eagerly: the next ``propose`` syncs the row to ``context``."""
 
-    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | str]:
-        def refuse(req: DraftRequest) -> str | None:
-            return "draft_context_full" if len(req.context) + req.k > self.limit else None
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
+        def refuse(req: DraftRequest) -> Refusal | None:
+            return CONTEXT_FULL if len(req.context) + req.k > self.limit else None
 
         return propose_ready(requests, refuse, lambda ready: self._draft(ready, num_rows))
 
