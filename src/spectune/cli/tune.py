@@ -145,6 +145,13 @@ def run(args: argparse.Namespace) -> int:
         requests, notes = requests_from_traces(args.trace)
         workload = fit_workload(requests, seed=args.seed)
         costs = fit_costs(requests)
+        if costs.sizes_seen < 3:
+            notes.append(
+                f"the traces time the target at {costs.sizes_seen} chunk size(s) only: the "
+                "verification curve between them is a straight line (a trace recorded at one "
+                "fixed K says little about other K); prefer traces of an adaptive policy, or "
+                "the prompt-set mode, which measures the curve"
+            )
         context: dict[str, Any] = {"source": "traces", "traces": list(args.trace)}
         session = None
     else:

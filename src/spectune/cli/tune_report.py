@@ -178,4 +178,6 @@ def print_summary(data: dict[str, Any], out: Path, report: Path) -> None:
         console.print(f"{p['option']}: {p['seed']} -> {p['tuned']} ({p['why']})")
     if not changed:
         console.print("the seed's rules are the best found for this workload")
+    for note in data["notes"]:
+        console.print(f"note: {note}")
     console.print(f"wrote {out} (use it with --policy-file) and {report}")

@@ -227,6 +227,7 @@ class StepCosts:
     overhead_plain: float  # seconds of bookkeeping in a plain step
     overhead_speculative: float  # ... in a step that asked for a draft
     source: str  # "measured" (a forward curve) or "trace" (fitted from target times)
+    sizes_seen: int = 0  # chunk sizes the trace's target times covered ("trace" only)
 
     def step(self, k: int, drafted: int) -> tuple[float, float, float]:
         """(draft, target, overhead) seconds of a step asking for k and getting ``drafted``."""
@@ -245,7 +246,7 @@ def fit_costs(requests: Sequence[RecordedRequest], curve: CostCurve | None = Non
     steps = [s for r in requests for s in r.steps if s.tree_depth is None]
     if not steps:
         raise InvalidParameterError("the traces hold no chain steps to measure costs from")
-    source = "measured"
+    source, sizes_seen = "measured", 0
     if curve is None:
         by_size: dict[int, list[float]] = {}
         for s in steps:
@@ -258,14 +259,14 @@ def fit_costs(requests: Sequence[RecordedRequest], curve: CostCurve | None = Non
             learned.observe(size, statistics.median(times))
         fitted = learned.curve(MAX_K + 1)
         assert fitted is not None  # at least one size observed
-        curve, source = fitted, "trace"
+        curve, source, sizes_seen = fitted, "trace", len(by_size)
     asked = [s for s in steps if s.k > 0]
     fixed, per_token = _draft_line(asked)
     plain = [s.step_time - s.draft_time - s.target_time for s in steps if s.k == 0]
     spec = [s.step_time - s.draft_time - s.target_time for s in asked]
     over_spec = max(0.0, statistics.median(spec)) if spec else 0.0
     over_plain = max(0.0, statistics.median(plain)) if plain else over_spec
-    return StepCosts(curve, fixed, per_token, over_plain, over_spec, source)
+    return StepCosts(curve, fixed, per_token, over_plain, over_spec, source, sizes_seen)
 
 
 def _draft_line(steps: Sequence[StepRecord]) -> tuple[float, float]:
