@@ -51,7 +51,7 @@ class VerifyMemory:
       ``max_memory_allocated - memory_allocated``). Weights and the preallocated KV cache
       were resident before and are not counted: the figure is the extra room the pass
       needs, activations, attention masks and logits on the device included. The logits
-      copied back to the CPU (``spectune.devices``' contract) are not counted. Resetting the
+      copied back to the CPU (``spectune.models.devices``' contract) are not counted. Resetting the
       peak is process-wide, so anything else allocating on the same GPU at the same time
       (a draft-deadline thread) adds to it.
     - CPU: torch keeps no allocator statistics for the CPU, and the process's RSS
