@@ -67,9 +67,17 @@ def tokens_of(records: list[StepRecord]) -> list[int]:
 
 
 def counts(record: StepRecord) -> tuple[object, ...]:
-    """A record without its times (a batch's step times are the batch's)."""
+    """A record without its times and its verification memory (a batch's step times and
+    verification pass are the whole batch's)."""
     return dataclasses.astuple(
-        dataclasses.replace(record, index=0, draft_time=0.0, target_time=0.0, step_time=0.0)
+        dataclasses.replace(
+            record,
+            index=0,
+            draft_time=0.0,
+            target_time=0.0,
+            step_time=0.0,
+            verify_peak_bytes=None,
+        )
     )
 
 

@@ -329,8 +329,13 @@ def _sigterm(
     wait_until = time.monotonic() + 30
     while time.monotonic() < wait_until:  # until every request is in the server's hands
         health = httpx.get(url + "/health", timeout=5).json()
-        if health["running"] + health["waiting"] >= config.sigterm_requests:
+        in_server = health["running"] + health["waiting"]
+        if in_server >= config.sigterm_requests:
             break
+        with lock:
+            answered = len(outcomes)
+        if answered and in_server:
+            break  # a short answer (EOS) ended before the last one arrived: signal now
         time.sleep(0.02)
     signalled[0] = time.monotonic()
     process.send_signal(signal.SIGTERM)
