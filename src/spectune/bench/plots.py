@@ -32,17 +32,19 @@ def _speedup_plot(rows: Sequence[RowData], path: Path, title: str) -> None:
     by_key = {(r["system"], r["category"]): r for r in rows}
     width = 0.8 / max(1, len(systems))
     fig, ax = plt.subplots(figsize=(max(8.0, 1.4 * len(categories) + 0.15 * len(systems)), 5))
+    palette = plt.get_cmap("tab20")  # 20 distinct colours; past 20 systems, hatching too
     for i, system in enumerate(systems):
         values = [by_key[(system, c)]["speedup_vs_plain"] or 0.0 for c in categories]
         positions = [c + (i - (len(systems) - 1) / 2) * width for c in range(len(categories))]
-        ax.bar(positions, values, width, label=system)
+        hatch = ("", "//", "..", "xx")[(i // 20) % 4]
+        ax.bar(positions, values, width, label=system, color=palette(i % 20), hatch=hatch)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(categories)), categories)
+    ax.set_xticks(range(len(categories)), categories, rotation=20, ha="right")
     ax.set_ylabel("speedup over spectune plain decoding")
     ax.set_title(title)
     ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend sits outside the axes
     plt.close(fig)
 
 
