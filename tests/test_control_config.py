@@ -127,7 +127,7 @@ def test_cli_k_is_the_fixed_or_initial_k(tmp_path: Path) -> None:
     def spec_of(*argv: str):  # type: ignore[no-untyped-def]
         return policy_spec_from_args(parser.parse_args(["generate", "hi", *argv]))
 
-    assert spec_of().name == "threshold" and spec_of().options == {}
+    assert spec_of().name == "cost" and spec_of().options == {}  # the default policy
     assert spec_of("-k", "3").options == {"initial_k": 3}
     assert spec_of("--policy", "fixed", "-k", "2").options == {"k": 2}
     # --policy-opt has the last word.

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from spectune.control.config import PolicySpec, merge_options, parse_policy_opts, policy_spec
+from spectune.control.config import (
+    DEFAULT_POLICY,
+    PolicySpec,
+    merge_options,
+    parse_policy_opts,
+    policy_spec,
+)
 from spectune.control.registry import POLICIES
 from spectune.records import validate_k
 
@@ -24,7 +30,7 @@ def add_policy_args(parser: argparse.ArgumentParser, *, trace: bool = True) -> N
         "--policy",
         choices=POLICIES,
         default=None,
-        help="K policy (default: the policy file's, else threshold)",
+        help=f"K policy (default: the policy file's, else {DEFAULT_POLICY})",
     )
     parser.add_argument("--policy-file", default=None, help="TOML file with the policy options")
     parser.add_argument(

@@ -304,7 +304,7 @@ class _Session:
         model, k = self.target.model, result.best_fixed_k
         factories = {
             "plain": lambda params: FixedK(0),
-            "seed": lambda params: build_policy(PolicySpec(), params=params),
+            "seed": lambda params: build_policy(PolicySpec("threshold"), params=params),
             "best fixed K": lambda params: FixedK(k),
             "tuned": lambda params: build_policy(tuned, params=params),
         }

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spectune.control.base import FixedK, KPolicy
-from spectune.control.config import PolicySpec, options_into
+from spectune.control.config import DEFAULT_POLICY, PolicySpec, options_into
 from spectune.control.cost import CostConfig, CostK
 from spectune.control.costs import CostCurve
 from spectune.control.fallback import (
@@ -31,8 +31,6 @@ from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams
 
 __all__ = ["DEFAULT_POLICY", "POLICIES", "build_policy", "make_policy"]
-
-DEFAULT_POLICY = "threshold"
 
 
 @dataclass(frozen=True)
