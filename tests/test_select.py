@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
+from spectune.cli.select import check_candidate_paths
 from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.pairing import Loaded
+from spectune.errors import ModelLoadError
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import save_native
 from spectune.models.toy import perturbed, toy_config, toy_model
@@ -113,3 +116,9 @@ def test_identical_draft_has_alpha_one(toy_target: LlamaLM) -> None:
     # about 1e-3.
     assert estimates[0].overall == 1.0
     assert all(e.overall > 0.998 for e in estimates)
+
+
+def test_select_cli_takes_suffix_and_hybrid_and_rejects_a_missing_file(tmp_path: Path) -> None:
+    check_candidate_paths(["ngram", "suffix", "suffix:none", "hybrid", "suffix+smollm2-draft"])
+    with pytest.raises(ModelLoadError, match="model not found"):
+        check_candidate_paths(["suffix", str(tmp_path / "nope.gguf")])

@@ -8,14 +8,22 @@ from pathlib import Path
 from typing import Any
 
 from spectune.cli.common import add_precision_args, precision_from_args
-from spectune.drafters.pairing import load_target
+from spectune.drafters.pairing import is_suffix_spec, load_target
 from spectune.errors import InvalidParameterError
 from spectune.models.loading import resolve_model_path
 from spectune.prompts import load_prompts
 from spectune.select.report import render_notes, render_table, write_report
 from spectune.select.selector import SelectSettings, select
 
-__all__ = ["register"]
+__all__ = ["check_candidate_paths", "register"]
+
+
+def check_candidate_paths(specs: list[str]) -> None:
+    """A candidate that names a file that is not there is a typo: fail before any loading.
+    ``ngram``, ``suffix[:INDEX]`` and ``hybrid`` name no model file."""
+    for spec in specs:
+        if spec != "ngram" and not is_suffix_spec(spec):
+            resolve_model_path(spec)
 
 
 def register(subparsers: Any) -> None:
@@ -28,7 +36,7 @@ def register(subparsers: Any) -> None:
         "candidates",
         nargs="+",
         help="draft candidates: .gguf files, HF folders, distilled draft folders, shipped "
-        "draft names, 'ngram'",
+        "draft names, 'ngram', 'suffix[:INDEX]', 'hybrid'",
     )
     parser.add_argument("--prompts", default=None, help="prompt JSONL (default: the built-in set)")
     parser.add_argument("--split", default="test", help="prompt split (dev, test, or 'all')")
@@ -76,9 +84,7 @@ def run(args: argparse.Namespace) -> int:
         device=device,
         trust_draft_vocab=args.trust_draft_vocab,
     )
-    for spec in args.candidates:  # a missing file is a typo: fail before the loading
-        if spec != "ngram":
-            resolve_model_path(spec)
+    check_candidate_paths(args.candidates)
     target = load_target(
         args.target, dtype=precision.dtype, quantize=precision.quantize, device=device
     )
