@@ -226,13 +226,13 @@ def test_sampling_stays_lossless(toy_target: LlamaLM, runs: int) -> None:
 
 def test_hybrid_rule_follows_measured_acceptance() -> None:
     stats = SourceStats(decay=0.5)
-    # nothing measured: the corpus at its word, the model at one token per step
-    assert stats.prefers_suffix(1.0) and not stats.prefers_suffix(0.9)
-    stats.observe("model", 2, 0.0)  # model steps keep 2 tokens -> running mean 1.5
-    assert not stats.prefers_suffix(1.4) and stats.prefers_suffix(1.5)
-    stats.observe("suffix", 0, 2.0)  # a suffix draft scored 2 kept nothing -> calibration 0.5
+    # nothing measured: the corpus at its word, each model position kept half the time
+    assert stats.prefers_suffix(0.5, k=1) and not stats.prefers_suffix(0.4, k=1)
+    stats.observe_model(1, 1)  # a one-token model draft kept -> first rate 0.75
+    assert not stats.prefers_suffix(0.7, k=1) and stats.prefers_suffix(0.75, k=1)
+    stats.observe_suffix(0, 2.0)  # a suffix draft scored 2 kept nothing -> calibration 0.5
     assert stats.suffix_calibration == pytest.approx(0.5)
-    assert not stats.prefers_suffix(2.0) and stats.prefers_suffix(3.0)
+    assert not stats.prefers_suffix(1.4, k=1) and stats.prefers_suffix(1.5, k=1)
 
 
 def test_hybrid_counts_what_the_target_kept(toy_target: LlamaLM) -> None:

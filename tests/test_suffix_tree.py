@@ -15,6 +15,7 @@ from spectune.drafters.suffix_index import SuffixIndex, continuation, continuati
 from spectune.drafters.tree import TreeShape
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
+from spectune.records import MAX_K
 from spectune.sampling import SamplingParams
 from test_suffix import CORPUS, build, greedy_steps, target_corpus
 
@@ -144,16 +145,40 @@ def test_kept_depth_follows_the_branch_the_target_kept() -> None:
 
 def test_cost_rule_weighs_value_per_cost() -> None:
     stats = SourceStats(decay=0.5)
-    stats.observe("model", 3, 0.0)  # running mean 2 accepted per model step
-    # suffix: 1 + score tokens per target step; model (K = 4): 3 / (1 + 4 c)
-    assert not stats.prefers_suffix(1.9, k=4, draft_cost=0.0)
-    assert stats.prefers_suffix(2.0, k=4, draft_cost=0.0)
-    assert stats.prefers_suffix(1.0, k=4, draft_cost=0.125)  # 2 >= 3 / 1.5
-    assert not stats.prefers_suffix(0.9, k=4, draft_cost=0.125)
+    stats.observe_model(1, 4)  # 1 of 4 kept: rates 0.75, 0.25, then the 0.5 priors
+    assert stats.model_rates[:4] == [0.75, 0.25, 0.5, 0.5]
+    assert stats.model_expected(2) == pytest.approx(0.75 + 0.75 * 0.25)
+    # free drafting: the longest draft is worth most, 1 + E(4) tokens per step
+    length, value = stats.model_choice(4, draft_cost=0.0)
+    assert length == 4 and value == pytest.approx(1 + 0.75 + 0.1875 + 0.09375 + 0.046875)
+    assert not stats.prefers_suffix(1.07, k=4, draft_cost=0.0)
+    assert stats.prefers_suffix(1.08, k=4, draft_cost=0.0)
+    # at c = 0.125 one token is best: (1 + 0.75) / 1.125 beats (1 + 0.9375) / 1.25
+    length, value = stats.model_choice(4, draft_cost=0.125)
+    assert length == 1 and value == pytest.approx(1.75 / 1.125)
+    assert stats.prefers_suffix(0.556, k=4, draft_cost=0.125)
+    assert not stats.prefers_suffix(0.555, k=4, draft_cost=0.125)
     # measured c: seconds per model token over a target step's seconds
     stats.observe_times(0.01, 0.08)
     assert stats.measured_cost == pytest.approx(0.125)
-    assert stats.prefers_suffix(1.0, k=4) and not stats.prefers_suffix(0.9, k=4)
+    assert stats.model_choice(4) == stats.model_choice(4, draft_cost=0.125)
+
+
+def test_hybrid_drafts_the_models_best_length() -> None:
+    """A model whose second token is never kept drafts one token once drafting costs."""
+    calls: list[int] = []
+
+    def script(context: Sequence[int], k: int) -> list[int]:
+        calls.append(k)
+        return [7] * k
+
+    scripted = ScriptedDrafter(script, vocab_size=64, with_probs=False)
+    stats = SourceStats(decay=0.5, model_rates=[0.9, 0.0, 0.0, 0.0])
+    hybrid = HybridDrafter(SuffixDrafter(), scripted, stats, draft_cost=0.1)
+    assert len(hybrid.propose([1, 2, 3], 4, SamplingParams(), None)) == 1
+    free = HybridDrafter(SuffixDrafter(), scripted, SourceStats(), draft_cost=0.0)
+    assert len(free.propose([1, 2, 3], 4, SamplingParams(), None)) == 4
+    assert calls == [1, 4]
 
 
 def test_hybrid_measures_the_model_draft_cost() -> None:
@@ -173,7 +198,7 @@ def test_hybrid_merges_both_drafts_at_temperature_zero_only() -> None:
     # step is forced (the model's rate is high, its cost fixed at 0) and the suffix chain
     # is merged in.
     scripted = ScriptedDrafter(lambda context, k: [6, 1, 1], vocab_size=64, with_probs=False)
-    stats = SourceStats(model_accepted=5.0)
+    stats = SourceStats(model_rates=[1.0] * MAX_K)
     hybrid = HybridDrafter(SuffixDrafter(), scripted, stats, merge_greedy=True, draft_cost=0.0)
     context = [4, 5, 6, 9, 4, 5]
     draft = hybrid.propose(context, 3, SamplingParams(), None)

@@ -8,10 +8,12 @@ learned from what the target kept:
 
 - ``suffix_calibration`` = running mean of accepted / score over steps with a suffix
   draft (starts at 1: take the corpus at its word);
-- ``model_accepted`` = running mean of accepted tokens over steps with a model draft
-  (starts at 1 token per step, so a corpus guess worth less than one token goes to the
-  model from the start, and the model's rate gets measured even where the corpus always
-  has a guess);
+- ``model_rates`` = per draft position j, the running rate at which the target kept the
+  model's j-th token given that it kept the tokens before it (each starts at 1/2, so an
+  unmeasured model draft of 4 tokens is worth ~0.94 tokens: a corpus guess worth less
+  than about one token goes to the model from the start, and the model's rates get
+  measured even where the corpus always has a guess). The expected accepted tokens of a
+  k-token model draft are E(k) = sum over j <= k of the product of the first j rates;
 - ``draft_cost`` c = one model draft token's time over one target step's, as the ``cost``
   policy defines it (``spectune.control.cost``): running mean of the model's ``propose``
   seconds per drafted token over the running mean of a step's target time, timed by the
@@ -23,15 +25,18 @@ learned from what the target kept:
 **Rule** (value per cost, in tokens per target-step time): a step emits its accepted
 tokens plus one, and costs one target step plus, for a model draft of k tokens, k draft
 steps of relative cost c (the suffix lookup costs well under 1% of a target step and is
-left out; verifying k + 1 tokens costs about one step on a CPU either way). So draft from
-the suffix source when it proposes something and
+left out; verifying k + 1 tokens costs about one step on a CPU either way). The model
+draft is worth its best length, k* = argmax over 1 <= k <= K of (1 + E(k)) / (1 + k c)
+(K: what the policy asked for; ties go to the shorter draft): a model whose second token
+is rarely kept drafts one token, which costs one draft step, not K. So draft from the
+suffix source when it proposes something and
 
-    1 + suffix_calibration * score  >=  (1 + model_accepted) / (1 + k * c)
+    1 + suffix_calibration * score  >=  (1 + E(k*)) / (1 + k* c)
 
-else run the model draft. Ties go to the suffix draft. With c = 0 this compares accepted
-tokens alone. Running means are exponential with weight ``1 - decay`` on the newest step.
-The statistics are shared by a drafter's copies (``with_sources``), so a server learns
-across requests.
+else run the model draft for k* tokens. Ties go to the suffix draft. With c = 0 this
+compares accepted tokens alone (and k* = K). Running means are exponential with weight
+``1 - decay`` on the newest step. The statistics are shared by a drafter's copies
+(``with_sources``), so a server learns across requests.
 
 **Temperature 0, both as one tree** (``merge_greedy``; on when the target takes tree
 attention masks). Where the rule picks the model, its draft is already paid for; the
@@ -62,15 +67,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from spectune.draft import MAX_TREE_NODES, Draft
+from spectune.draft import MAX_TREE_NODES, Draft, tree_depths
 from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.drafters.suffix import SuffixDrafter
 from spectune.drafters.suffix_index import breadth_first
 from spectune.errors import InvalidParameterError
+from spectune.records import MAX_K
 from spectune.sampling import SamplingParams
 
 __all__ = ["HybridDrafter", "SourceStats", "kept_depth", "merge_trees"]
@@ -83,7 +89,7 @@ class SourceStats:
 
     decay: float = 0.9
     suffix_calibration: float = 1.0  # accepted per unit of suffix score
-    model_accepted: float = 1.0  # accepted tokens per model-drafted step
+    model_rates: list[float] = field(default_factory=lambda: [0.5] * MAX_K)  # per position
     model_token_seconds: float | None = None  # running mean: model propose s per token
     target_step_seconds: float | None = None  # running mean: propose-to-commit seconds
     suffix_steps: int = 0  # steps with a suffix draft (alone or merged)
@@ -99,29 +105,50 @@ class SourceStats:
             return None
         return self.model_token_seconds / self.target_step_seconds
 
-    def prefers_suffix(self, score: float, k: int = 0, draft_cost: float | None = None) -> bool:
-        """The rule: a suffix draft of ``score`` against a model draft of ``k`` tokens at
-        relative cost ``draft_cost`` (None: the measured one, 0 until measured)."""
+    def model_expected(self, k: int) -> float:
+        """E(k): expected tokens the target keeps of a k-token model draft."""
+        expected, reach = 0.0, 1.0
+        for rate in self.model_rates[:k]:
+            reach *= rate
+            expected += reach
+        return expected
+
+    def model_choice(self, k: int, draft_cost: float | None = None) -> tuple[int, float]:
+        """(k*, value): the model draft's best length up to ``k`` and its tokens per
+        target-step time, at relative cost ``draft_cost`` (None: the measured one, 0 until
+        measured)."""
         cost = draft_cost if draft_cost is not None else (self.measured_cost or 0.0)
-        suffix_value = 1.0 + self.suffix_calibration * score
-        model_value = (1.0 + self.model_accepted) / (1.0 + k * cost)
-        return suffix_value >= model_value
+        best = (1, (1.0 + self.model_expected(1)) / (1.0 + cost))
+        for length in range(2, min(k, MAX_K) + 1):
+            value = (1.0 + self.model_expected(length)) / (1.0 + length * cost)
+            if value > best[1]:
+                best = (length, value)
+        return best
+
+    def prefers_suffix(self, score: float, k: int, draft_cost: float | None = None) -> bool:
+        """The rule: a suffix draft of ``score`` against the model's best draft of at most
+        ``k`` tokens."""
+        return 1.0 + self.suffix_calibration * score >= self.model_choice(k, draft_cost)[1]
 
     def _mean(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
 
-    def observe(self, source: str, accepted: int, score: float) -> None:
-        """One verified draft of ``source`` ("suffix" | "model"): ``accepted`` tokens kept."""
-        keep = self.decay
-        if source == "suffix":
-            self.suffix_steps += 1
-            self.suffix_accepted_total += accepted
-            ratio = accepted / score if score > 0 else 0.0
-            self.suffix_calibration = keep * self.suffix_calibration + (1 - keep) * ratio
-        else:
-            self.model_steps += 1
-            self.model_accepted_total += accepted
-            self.model_accepted = keep * self.model_accepted + (1 - keep) * accepted
+    def observe_suffix(self, accepted: int, score: float) -> None:
+        """One verified suffix draft of ``score``: ``accepted`` tokens kept."""
+        self.suffix_steps += 1
+        self.suffix_accepted_total += accepted
+        ratio = accepted / score if score > 0 else 0.0
+        self.suffix_calibration = self._mean(self.suffix_calibration, ratio)
+
+    def observe_model(self, accepted: int, depth: int) -> None:
+        """One verified model draft ``depth`` tokens deep: ``accepted`` tokens kept. The
+        positions it reached each learn whether they were kept (the first rejected one: no;
+        those past it were never tested)."""
+        self.model_steps += 1
+        self.model_accepted_total += accepted
+        for position in range(min(accepted + 1, depth, len(self.model_rates))):
+            kept = 1.0 if position < accepted else 0.0
+            self.model_rates[position] = self._mean(self.model_rates[position], kept)
 
     def observe_times(self, model_token_seconds: float | None, step_seconds: float) -> None:
         if model_token_seconds is not None:
@@ -248,14 +275,13 @@ class HybridDrafter:
         proposal = self.suffix.suggest(context, num_tokens)
         suffix_draft = proposal.draft()
         model_seconds: float | None = None
-        if proposal.tokens and self.stats.prefers_suffix(
-            proposal.score, num_tokens, self.draft_cost
-        ):
+        model_k, model_value = self.stats.model_choice(num_tokens, self.draft_cost)
+        if proposal.tokens and 1.0 + self.stats.suffix_calibration * proposal.score >= model_value:
             draft, source = suffix_draft, "suffix"
             suffix_parts, model_parts = _parts(suffix_draft), _NOTHING
         else:
             start = self.clock()
-            model_draft = self.model.propose(context, num_tokens, params, generator)
+            model_draft = self.model.propose(context, model_k, params, generator)
             if len(model_draft):
                 model_seconds = (self.clock() - start) / len(model_draft)
             draft, source = model_draft, "model"
@@ -288,10 +314,11 @@ class HybridDrafter:
             )
             kept = context[pending.start :]
             if pending.source in ("suffix", "both"):
-                accepted = kept_depth(*pending.suffix, kept)
-                self.stats.observe("suffix", accepted, pending.score)
+                self.stats.observe_suffix(kept_depth(*pending.suffix, kept), pending.score)
             if pending.source in ("model", "both") and pending.model[0]:
-                self.stats.observe("model", kept_depth(*pending.model, kept), 0.0)
+                tokens, parents = pending.model
+                depth = len(tokens) if parents is None else max(tree_depths(parents))
+                self.stats.observe_model(kept_depth(*pending.model, kept), depth)
             if pending.source == "both":
                 self.stats.merged_steps += 1
         self.suffix.commit(context, features)
