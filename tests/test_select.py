@@ -12,8 +12,10 @@ import torch
 from spectune.cli.select import check_candidate_paths
 from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
+from spectune.drafters.hybrid import HybridDrafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.pairing import Loaded
+from spectune.drafters.suffix import SuffixDrafter, SuffixSettings
 from spectune.errors import ModelLoadError
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import save_native
@@ -122,3 +124,16 @@ def test_select_cli_takes_suffix_and_hybrid_and_rejects_a_missing_file(tmp_path:
     check_candidate_paths(["ngram", "suffix", "suffix:none", "hybrid", "suffix+smollm2-draft"])
     with pytest.raises(ModelLoadError, match="model not found"):
         check_candidate_paths(["suffix", str(tmp_path / "nope.gguf")])
+
+
+def test_alpha_of_a_hybrid_with_a_feature_head(toy_target: LlamaLM, toy_feature_drafter) -> None:  # type: ignore[no-untyped-def]
+    """A hybrid whose suffix source never proposes drafts from its feature head: its
+    first-token acceptance is the head's own (the recorded target states reach the head
+    inside; select used to fail with 'needs the target's hidden states')."""
+    silent = SuffixDrafter(settings=SuffixSettings(factor=0.0, offset=0.0))
+    hybrid = HybridDrafter(silent, toy_feature_drafter)
+    continuations = make_continuations(toy_target, _prompts(4, seed=2), 16, temperature=0.0)
+    (alone,) = estimate_alpha(toy_feature_drafter, continuations, toy_target, (0.0,))
+    (inside,) = estimate_alpha(hybrid, continuations, toy_target, (0.0,))
+    assert inside.positions == alone.positions > 0
+    assert inside.overall == pytest.approx(alone.overall, abs=1e-5)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from spectune.decode.engine import SpeculativeEngine
-from spectune.drafters.base import Drafter, SequenceScorer
+from spectune.drafters.base import Drafter, SequenceScorer, TargetFeatures
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams, process_logits
 
@@ -113,14 +113,16 @@ def _draft_rows(
         hidden = item.hidden if item.hidden.shape[-1] else None
         rows = drafter.score_sequence(item.tokens, hidden, params)[scored.start : scored.stop]
         return rows, torch.ones(rows.shape[0], dtype=torch.bool)
-    # Generic drafters: ask for one token after each prefix (cheap for lookup drafters).
+    # Generic drafters: ask for one token after each prefix (cheap for lookup drafters); the
+    # target's recorded states go with it, for a feature head inside (a hybrid's).
     rows = torch.zeros(len(scored), vocab)
     proposed = torch.zeros(len(scored), dtype=torch.bool)
     generator = torch.Generator().manual_seed(0)
     for i, position in enumerate(scored):
         context = list(item.tokens[: position + 1])
+        features = TargetFeatures(0, item.hidden[: position + 1]) if item.hidden.shape[-1] else None
         drafter.reset()
-        drafter.commit(context, None)
+        drafter.commit(context, features)
         draft = drafter.propose(context, 1, params, generator)
         if len(draft) == 0:
             continue

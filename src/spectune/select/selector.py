@@ -21,6 +21,7 @@ from spectune.control.costs import (
     predicted_speedup,
 )
 from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.hybrid import HybridDrafter
 from spectune.drafters.pairing import Loaded
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
@@ -142,11 +143,12 @@ def _evaluate(
         return CandidateResult(
             candidate.spec, candidate.kind, candidate.problems, candidate.num_parameters, band
         )
-    if isinstance(drafter, FeatureDrafter) and isinstance(target.model, LlamaLM):
+    head = drafter.model if isinstance(drafter, HybridDrafter) else drafter
+    if isinstance(head, FeatureDrafter) and isinstance(target.model, LlamaLM):
         # A target serves one feature head at a time: candidates are scored one after the
         # other, so each gets its own layers, and the states are re-recorded for them.
-        target.model.feature_layers = drafter.head.cfg.feature_layers
-        if continuations and continuations[0].hidden.shape[-1] != drafter.head.cfg.state_size:
+        target.model.feature_layers = head.head.cfg.feature_layers
+        if continuations and continuations[0].hidden.shape[-1] != head.head.cfg.state_size:
             continuations = restate(target.model, continuations)
     alpha = tuple(estimate_alpha(drafter, continuations, target.model, settings.temperatures))
     chosen = next((a for a in alpha if a.temperature == settings.decision_temperature), alpha[0])
