@@ -181,6 +181,31 @@ def test_hybrid_drafts_the_models_best_length() -> None:
     assert calls == [1, 4]
 
 
+def test_merged_value_counts_what_the_model_adds_where_the_suffix_fails() -> None:
+    stats = SourceStats(decay=0.5, model_rates=[0.4, 0.5] + [0.0] * (MAX_K - 2))
+    assert stats.model_choice(2, draft_cost=0.1) == (2, pytest.approx(1.6 / 1.2))
+    # a strong suffix draft (score 1, first token 60%): the model adds
+    # 0.4 * 0.4 * (0.6 / 0.4) = 0.24 tokens for 2 draft steps -> suffix alone is worth more
+    assert stats.merged_value(1.0, 0.6, 2, draft_cost=0.1) == pytest.approx(2.24 / 1.2)
+    # a weak one (score 0.3, first token 20%): 0.8 * 0.4 * 1.5 = 0.48 added -> merge
+    assert stats.merged_value(0.3, 0.2, 2, draft_cost=0.1) == pytest.approx(1.78 / 1.2)
+    assert stats.merged_value(0.3, 0.2, 2, draft_cost=0.1) > 1.3
+    stats.observe_rescue(True)  # measured: the model right where the suffix was wrong
+    assert stats.model_rescue == pytest.approx(0.7)
+
+
+def test_hybrid_learns_how_often_the_model_branch_rescues_a_step() -> None:
+    scripted = ScriptedDrafter(lambda context, k: [7, 1, 1], vocab_size=64, with_probs=False)
+    stats = SourceStats(suffix_calibration=0.5, model_rates=[0.8] * MAX_K)
+    hybrid = HybridDrafter(SuffixDrafter(), scripted, stats, merge_greedy=True, draft_cost=0.0)
+    context = [4, 5, 6, 9, 4, 5]
+    draft = hybrid.propose(context, 3, SamplingParams(), None)
+    assert sorted(draft.tokens.tolist()) == [1, 1, 6, 7, 9]  # both chains ("7 1 1", "6 9")
+    hybrid.commit([*context, 7, 1, 3], None)  # the suffix's "6" rejected, the model's "7 1" kept
+    assert stats.model_rescue == pytest.approx(0.9 * 0.8 + 0.1 * 1.0)  # from r_1 = 0.8
+    assert stats.model_accepted_total == 2 and stats.suffix_accepted_total == 0
+
+
 def test_hybrid_measures_the_model_draft_cost() -> None:
     """Scripted clock: the model's propose takes 0.03 s for 3 tokens, the target step
     (propose returned -> commit) 0.05 s, so c = 0.01 / 0.05."""
@@ -198,7 +223,7 @@ def test_hybrid_merges_both_drafts_at_temperature_zero_only() -> None:
     # step is forced (the model's rate is high, its cost fixed at 0) and the suffix chain
     # is merged in.
     scripted = ScriptedDrafter(lambda context, k: [6, 1, 1], vocab_size=64, with_probs=False)
-    stats = SourceStats(model_rates=[1.0] * MAX_K)
+    stats = SourceStats(suffix_calibration=0.5, model_rates=[1.0] * MAX_K)
     hybrid = HybridDrafter(SuffixDrafter(), scripted, stats, merge_greedy=True, draft_cost=0.0)
     context = [4, 5, 6, 9, 4, 5]
     draft = hybrid.propose(context, 3, SamplingParams(), None)

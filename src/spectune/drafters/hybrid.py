@@ -39,16 +39,25 @@ compares accepted tokens alone (and k* = K). Running means are exponential with 
 (``with_sources``), so a server learns across requests.
 
 **Temperature 0, both as one tree** (``merge_greedy``; on when the target takes tree
-attention masks). Where the rule picks the model, its draft is already paid for; the
-suffix draft (chain or tree) is merged into it as further branches (shared prefixes
-merged; model nodes first, at most ``MAX_TREE_NODES`` nodes), so the target keeps
-whichever branch matches its argmax. Greedy verification is exact for any tree of
-candidate tokens (``spectune.verify.tree``), so this stays token-for-token equal to
-plain decoding; the extra nodes cost little (8 tokens verify in about 1.04x one token's
-forward on this CPU). Both sources' statistics learn from such steps: each is credited
-with the depth of its own branch that the target kept. The merged value is at least the
-model's, and where the suffix draft is worth more per step the rule already drafts from
-it alone, so the rule above decides between "suffix alone" and "model plus suffix".
+attention masks). A model draft is merged with the suffix draft (chain or tree) as
+further branches (shared prefixes merged; model nodes first, at most ``MAX_TREE_NODES``
+nodes), so the target keeps whichever branch matches its argmax. Greedy verification is
+exact for any tree of candidate tokens (``spectune.verify.tree``), so this stays
+token-for-token equal to plain decoding; the extra nodes cost little (8 tokens verify in
+about 1.04x one token's forward on this CPU). Both sources' statistics learn from such
+steps: each is credited with the depth of its own branch that the target kept. So at
+T = 0 the choice is between "suffix alone" and "suffix plus a model branch", and the
+model's branch is worth what it adds where the suffix branch fails:
+
+    merged = (1 + suffix_calibration * score + (1 - q) * rescue * E(k*) / r_1) / (1 + k* c)
+
+with q = min(1, suffix_calibration * p_1) the chance the suffix's first token is kept
+(p_1: its corpus probability), ``model_rescue`` = running rate at which the model's first
+token was kept in merged steps whose suffix branch was rejected at once (it measures how
+often the model is right where the corpus is wrong, correlation included; starts at
+r_1), and E(k*) / r_1 the model tokens kept once its first is. The model branch is
+added when ``merged`` beats ``1 + suffix_calibration * score``; with no suffix proposal
+the model drafts alone.
 
 **Temperature > 0: one source per step.** The verifier's tree path takes one
 distribution for all siblings of a node (``Draft.probs``, one row per node); a tree
@@ -90,6 +99,7 @@ class SourceStats:
     decay: float = 0.9
     suffix_calibration: float = 1.0  # accepted per unit of suffix score
     model_rates: list[float] = field(default_factory=lambda: [0.5] * MAX_K)  # per position
+    model_rescue: float | None = None  # model's first kept where the suffix's was not
     model_token_seconds: float | None = None  # running mean: model propose s per token
     target_step_seconds: float | None = None  # running mean: propose-to-commit seconds
     suffix_steps: int = 0  # steps with a suffix draft (alone or merged)
@@ -124,6 +134,24 @@ class SourceStats:
             if value > best[1]:
                 best = (length, value)
         return best
+
+    def merged_value(
+        self, score: float, first_prob: float, k: int, draft_cost: float | None = None
+    ) -> float:
+        """Tokens per target-step time of the suffix draft (``score``, first-token corpus
+        probability ``first_prob``) plus the model's best branch of at most ``k`` tokens."""
+        length, _ = self.model_choice(k, draft_cost)
+        cost = draft_cost if draft_cost is not None else (self.measured_cost or 0.0)
+        first = self.model_rates[0]
+        rescue = first if self.model_rescue is None else self.model_rescue
+        suffix_first = min(1.0, self.suffix_calibration * first_prob)
+        added = (1 - suffix_first) * rescue * self.model_expected(length) / first if first else 0.0
+        return (1.0 + self.suffix_calibration * score + added) / (1.0 + length * cost)
+
+    def observe_rescue(self, model_kept_first: bool) -> None:
+        """A merged step whose suffix branch was rejected at its first token."""
+        start = self.model_rates[0] if self.model_rescue is None else self.model_rescue
+        self.model_rescue = self._mean(start, 1.0 if model_kept_first else 0.0)
 
     def prefers_suffix(self, score: float, k: int, draft_cost: float | None = None) -> bool:
         """The rule: a suffix draft of ``score`` against the model's best draft of at most
@@ -275,8 +303,14 @@ class HybridDrafter:
         proposal = self.suffix.suggest(context, num_tokens)
         suffix_draft = proposal.draft()
         model_seconds: float | None = None
-        model_k, model_value = self.stats.model_choice(num_tokens, self.draft_cost)
-        if proposal.tokens and 1.0 + self.stats.suffix_calibration * proposal.score >= model_value:
+        stats = self.stats
+        model_k, model_value = stats.model_choice(num_tokens, self.draft_cost)
+        merge = params.greedy and self.merge_greedy
+        if merge and proposal.tokens:
+            model_value = stats.merged_value(
+                proposal.score, proposal.first_prob, num_tokens, self.draft_cost
+            )
+        if proposal.tokens and 1.0 + stats.suffix_calibration * proposal.score >= model_value:
             draft, source = suffix_draft, "suffix"
             suffix_parts, model_parts = _parts(suffix_draft), _NOTHING
         else:
@@ -286,7 +320,7 @@ class HybridDrafter:
                 model_seconds = (self.clock() - start) / len(model_draft)
             draft, source = model_draft, "model"
             suffix_parts, model_parts = _NOTHING, _parts(model_draft)
-            if params.greedy and self.merge_greedy and proposal.tokens:
+            if merge and proposal.tokens:
                 suffix_parts = _parts(suffix_draft)
                 tokens, parents = merge_trees(model_parts, suffix_parts)
                 draft = Draft(
@@ -313,12 +347,16 @@ class HybridDrafter:
                 pending.model_token_seconds, self.clock() - pending.proposed_at
             )
             kept = context[pending.start :]
+            suffix_kept = kept_depth(*pending.suffix, kept)
             if pending.source in ("suffix", "both"):
-                self.stats.observe_suffix(kept_depth(*pending.suffix, kept), pending.score)
+                self.stats.observe_suffix(suffix_kept, pending.score)
             if pending.source in ("model", "both") and pending.model[0]:
                 tokens, parents = pending.model
                 depth = len(tokens) if parents is None else max(tree_depths(parents))
-                self.stats.observe_model(kept_depth(*pending.model, kept), depth)
+                model_kept = kept_depth(*pending.model, kept)
+                if pending.source == "both" and suffix_kept == 0:
+                    self.stats.observe_rescue(model_kept > 0)
+                self.stats.observe_model(model_kept, depth)
             if pending.source == "both":
                 self.stats.merged_steps += 1
         self.suffix.commit(context, features)

@@ -114,6 +114,16 @@ class SuffixProposal:
         """Expected accepted tokens under the corpus frequencies."""
         return float(sum(self.probs))
 
+    @property
+    def first_prob(self) -> float:
+        """Corpus probability that the first draft token is right (a tree: any first-level
+        node)."""
+        if self.parents is None:
+            return self.probs[0] if self.probs else 0.0
+        return float(
+            sum(p for p, parent in zip(self.probs, self.parents, strict=True) if parent < 0)
+        )
+
     def draft(self) -> Draft:
         """The proposal as a one-hot draft (no probabilities)."""
         tokens = torch.tensor(self.tokens, dtype=torch.long)
