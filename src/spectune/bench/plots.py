@@ -1,7 +1,7 @@
 """PNG plots of a benchmark's rows (matplotlib, Agg: no display needed).
 
-- ``speedup_<dtype>_T<t>.png``: speedup over spectune plain decoding per category, one
-  bar per system.
+- ``speedup_<dtype>_T<t>.png``: speedup over spectune plain decoding, a heatmap of systems
+  against categories with the figure written in each cell.
 - ``tokens_per_s_vs_k_<dtype>_T<t>.png``: tokens/s against fixed K, one line per drafter,
   with plain decoding, transformers' generate() and the adaptive policies as reference
   lines.
@@ -16,36 +16,57 @@ from typing import Any
 __all__ = ["write_plots"]
 
 RowData = Mapping[str, Any]
+# Adaptive policies of one drafter: its colour, told apart by the line (dotted, dash-dot,
+# long dashes, ...); plain decoding keeps the gray short dashes.
+_POLICY_STYLES = (":", "-.", (0, (8, 3)), (0, (1, 3)), (0, (3, 1, 1, 1, 1, 1)))
 
 
 def _slug(dtype: str, temperature: float) -> str:
     return f"{dtype}_T{temperature:g}"
 
 
-def _speedup_plot(rows: Sequence[RowData], path: Path, title: str) -> None:
+def _speedup_plot(rows: Sequence[RowData], path: Path, title: str) -> bool:
+    """A heatmap: one row per system, one column per category (and "all"), the speedup
+    written in each cell; green above plain decoding, red below, white at 1.0x. False (no
+    file) when plain decoding ran alone."""
     import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
 
     categories = sorted({r["category"] for r in rows} - {"all"}) + ["all"]
     systems = [
         r["system"] for r in rows if r["category"] == "all" and r["system"] != "spectune plain"
     ]
+    if not systems:
+        return False
     by_key = {(r["system"], r["category"]): r for r in rows}
-    width = 0.8 / max(1, len(systems))
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.4 * len(categories) + 0.15 * len(systems)), 5))
-    palette = plt.get_cmap("tab20")  # 20 distinct colours; past 20 systems, hatching too
-    for i, system in enumerate(systems):
-        values = [by_key[(system, c)]["speedup_vs_plain"] or 0.0 for c in categories]
-        positions = [c + (i - (len(systems) - 1) / 2) * width for c in range(len(categories))]
-        hatch = ("", "//", "..", "xx")[(i // 20) % 4]
-        ax.bar(positions, values, width, label=system, color=palette(i % 20), hatch=hatch)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(categories)), categories, rotation=20, ha="right")
-    ax.set_ylabel("speedup over spectune plain decoding")
-    ax.set_title(title)
-    ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    values = [
+        [by_key.get((system, c), {}).get("speedup_vs_plain") or float("nan") for c in categories]
+        for system in systems
+    ]
+    finite = [v for row in values for v in row if v == v] or [1.0]
+    spread = max(0.05, max(abs(v - 1.0) for v in finite))
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=1.0 - spread, vmax=1.0 + spread)
+    fig, ax = plt.subplots(
+        figsize=(
+            2.2 + 1.15 * len(categories) + 0.06 * max(len(s) for s in systems or [""]),
+            1.2 + 0.36 * max(1, len(systems)),
+        ),
+    )
+    image = ax.imshow(values, cmap="RdYlGn", norm=norm, aspect="auto")
+    for i, row in enumerate(values):
+        for j, value in enumerate(row):
+            if value == value:  # not NaN
+                ax.text(j, i, f"{value:.2f}x", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(categories)), [c.replace("_", " ") for c in categories])
+    ax.set_yticks(range(len(systems)), systems, fontsize=8)
+    ax.tick_params(axis="x", labeltop=True, labelbottom=False, rotation=0, labelsize=8)
+    ax.axvline(len(categories) - 1.5, color="black", linewidth=1.0)  # "all" stands apart
+    ax.set_title(title, pad=24)
+    fig.colorbar(image, ax=ax, label="speedup over spectune plain decoding (x)", shrink=0.8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend sits outside the axes
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+    return True
 
 
 def _k_plot(rows: Sequence[RowData], path: Path, title: str) -> bool:
@@ -59,15 +80,22 @@ def _k_plot(rows: Sequence[RowData], path: Path, title: str) -> bool:
     drafters = sorted({r["drafter"] for r in fixed})
     for drafter in drafters:
         points = sorted((r["k"], r["tokens_per_second"]) for r in fixed if r["drafter"] == drafter)
-        line = ax.plot([k for k, _ in points], [t for _, t in points], marker="o", label=drafter)
-        for r in overall:
-            if r["family"] == "spectune" and r["drafter"] == drafter and r["policy"] != "fixed":
-                ax.axhline(
-                    r["tokens_per_second"],
-                    color=line[0].get_color(),
-                    linestyle=":",
-                    label=f"{drafter} {r['policy']}",
-                )
+        line = ax.plot(
+            [k for k, _ in points], [t for _, t in points], marker="o", label=f"{drafter} fixed K"
+        )
+        adaptive = [
+            r
+            for r in overall
+            if r["family"] == "spectune" and r["drafter"] == drafter and r["policy"] != "fixed"
+        ]
+        for style, r in zip(_POLICY_STYLES, adaptive, strict=False):
+            ax.axhline(
+                r["tokens_per_second"],
+                color=line[0].get_color(),
+                linestyle=style,
+                linewidth=1.2,
+                label=f"{drafter} {r['policy']}",
+            )
     for r in overall:
         if r["family"] in ("spectune-plain", "hf-generate"):
             ax.axhline(
@@ -80,9 +108,9 @@ def _k_plot(rows: Sequence[RowData], path: Path, title: str) -> bool:
     ax.set_xlabel("K (draft tokens per step)")
     ax.set_ylabel("tokens/s (median)")
     ax.set_title(title)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -97,8 +125,8 @@ def write_plots(out: Path, rows: Sequence[RowData]) -> list[Path]:
         subset = [r for r in rows if r["dtype"] == dtype and r["temperature"] == temperature]
         label = f"{dtype}, temperature {temperature:g}"
         path = out / f"speedup_{_slug(dtype, temperature)}.png"
-        _speedup_plot(subset, path, f"Speedup per category ({label})")
-        written.append(path)
+        if _speedup_plot(subset, path, f"Speedup per category ({label})"):
+            written.append(path)
         path = out / f"tokens_per_s_vs_k_{_slug(dtype, temperature)}.png"
         if _k_plot(subset, path, f"Tokens/s against K ({label})"):
             written.append(path)
