@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from spectune.draft import Draft
+from spectune.draft import CONTEXT_FULL, Draft, Refusal
 from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.drafters.model import choose_token, common_prefix
 from spectune.errors import InvalidParameterError
@@ -41,25 +41,9 @@ __all__ = [
     "BatchDrafter",
     "BatchModelDrafter",
     "DraftRequest",
-    "CONTEXT_FULL",
     "PerSequenceDrafters",
-    "Refusal",
     "propose_ready",
 ]
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A batch drafter's answer for a request it cannot draft for; ``reason`` becomes the
-    step's fallback. A ``permanent`` refusal (the drafter failed) turns drafting off for the
-    rest of the request; a passing one (the draft cache is full) for this step only."""
-
-    reason: str
-    permanent: bool = True
-
-
-# The draft cache has no room for this request's context and draft (this step only).
-CONTEXT_FULL = Refusal("draft_context_full", permanent=False)
 
 
 def propose_ready(

@@ -21,9 +21,9 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from spectune.draft import Draft
+from spectune.draft import CONTEXT_FULL, Draft, Refusal
 from spectune.drafters.base import TargetFeatures
-from spectune.drafters.batched import CONTEXT_FULL, DraftRequest, Refusal, propose_ready
+from spectune.drafters.batched import DraftRequest, propose_ready
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.model import choose_token, common_prefix
 from spectune.models.base import KVCache
