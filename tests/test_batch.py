@@ -14,8 +14,7 @@ from spectune.decode.engine import SpeculativeEngine
 from spectune.decode.sequential import SequentialBatchEngine
 from spectune.drafters import FailingDrafter, ModelDrafter, NgramDrafter, ScriptedDrafter
 from spectune.drafters.base import Drafter
-from spectune.drafters.batched_feature import BatchFeatureDrafter
-from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.feature import FeatureDrafter, FeatureSession
 from spectune.errors import BatchFullError, InvalidParameterError, PromptError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import perturbed, toy_config, toy_model
@@ -345,7 +344,7 @@ def test_feature_head_batch_equals_alone(
     engine = BatchEngine(
         endless, toy_feature_drafter, max_batch=3, capacity=256, policy_factory=lambda p: FixedK(k)
     )
-    assert isinstance(engine.drafter, BatchFeatureDrafter)
+    assert isinstance(engine.drafter, FeatureSession)
     got = run_batch(engine, {rid: (p, params) for rid, p in PROMPTS.items()}, seeds=seeds)
     accepted = drafted = 0
     for rid, prompt in PROMPTS.items():

@@ -7,7 +7,7 @@ sequence by one speculative step:
    (``spectune.control.fallback.BatchSizeCheck``: 0 above ``speculate_max_batch`` active
    sequences, where speculation stops paying), and 0 for sequences whose drafter failed.
 2. Draft: one draft pass per draft step over the batch (``spectune.drafters.batched``; a
-   feature head: ``spectune.drafters.batched_feature``), each proposal checked by
+   feature head: ``spectune.drafters.feature``), each proposal checked by
    ``SequenceState.accept``. With a ``draft_deadline``, a pass that takes longer is
    abandoned and the step decodes plainly (below).
 3. One target pass over ``[batch, 1 + max K]``: row b is ``[pending_b, draft_b..., pad]``.
@@ -61,15 +61,10 @@ from spectune.decode.step import (
     request_generator,
 )
 from spectune.draft import Draft, Refusal, chain_parents, tree_layout
-from spectune.drafters.base import Drafter, TargetFeatures
-from spectune.drafters.batched import (
-    BatchDrafter,
-    BatchModelDrafter,
-    DraftRequest,
-    PerSequenceDrafters,
-)
-from spectune.drafters.batched_feature import BatchFeatureDrafter
+from spectune.drafters.base import Drafter, DraftRequest, DraftSession, TargetFeatures
+from spectune.drafters.batched import PerSequenceDrafters
 from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.models.base import LanguageModel
@@ -172,7 +167,7 @@ class BatchEngine:
 
     def _make_drafter(
         self, draft: LanguageModel | FeatureDrafter | str | Callable[[], Drafter] | None
-    ) -> BatchDrafter | None:
+    ) -> DraftSession | None:
         if draft is None or draft == "none":
             return None
         if isinstance(draft, str):
@@ -182,13 +177,11 @@ class BatchEngine:
                 )
             return PerSequenceDrafters(NgramDrafter, self.max_batch)
         if isinstance(draft, LanguageModel):
-            return BatchModelDrafter(
-                draft, self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK
+            return ModelDrafter(draft).open(
+                self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK
             )
         if isinstance(draft, FeatureDrafter):
-            return BatchFeatureDrafter(
-                draft, self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK
-            )
+            return draft.open(self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK)
         return PerSequenceDrafters(draft, self.max_batch)
 
     @property
@@ -289,7 +282,7 @@ class BatchEngine:
         return self.draft_deadline is not None and self.draft_deadline.busy
 
     def _propose(
-        self, drafter: BatchDrafter, requests: list[DraftRequest], num_rows: int
+        self, drafter: DraftSession, requests: list[DraftRequest], num_rows: int
     ) -> list[Draft | Refusal]:
         if self.draft_deadline is None:
             return drafter.propose(requests, num_rows)
@@ -386,7 +379,7 @@ class BatchEngine:
 
     def _commit(
         self,
-        drafter: BatchDrafter,
+        drafter: DraftSession,
         seq: SequenceState,
         hidden: Tensor | None,  # [rows, width, hidden]: the target pass's hidden states
         length_before: int,
