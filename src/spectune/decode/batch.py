@@ -61,11 +61,7 @@ from spectune.decode.step import (
     request_generator,
 )
 from spectune.draft import Draft, Refusal, chain_parents, tree_layout
-from spectune.drafters.base import Drafter, DraftRequest, DraftSession, TargetFeatures
-from spectune.drafters.batched import PerSequenceDrafters
-from spectune.drafters.feature import FeatureDrafter
-from spectune.drafters.model import ModelDrafter
-from spectune.drafters.ngram import NgramDrafter
+from spectune.drafters.base import DraftRequest, DraftSession, DraftSource, TargetFeatures
 from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
@@ -106,10 +102,10 @@ def tree_inputs(
 class BatchEngine:
     """Decodes many requests at once with a target model and an optional draft.
 
-    ``draft``: a draft ``LanguageModel`` or a ``FeatureDrafter`` (batched draft passes),
-    ``"ngram"`` (prompt lookup), a zero-argument factory of per-sequence ``Drafter``
-    objects, or None (plain decoding). ``capacity``: most tokens one sequence may hold
-    (prompt + output).
+    ``draft``: a ``DraftSource`` the engine opens a session of ``max_batch`` rows from: a
+    ``ModelDrafter`` or a ``FeatureDrafter`` (batched draft passes), ``PerRow(factory)``
+    for per-sequence drafters (``PerRow(NgramDrafter)``: prompt lookup), or None (plain
+    decoding). ``capacity``: most tokens one sequence may hold (prompt + output).
     ``speculate_max_batch``: above this many active sequences every step is plain; None
     reads the crossover ``spectune experiment batch`` measured for this target and draft
     (``spectune.control.crossover``: this machine's, else the shipped one), and speculates at
@@ -123,7 +119,7 @@ class BatchEngine:
     def __init__(
         self,
         target: LanguageModel,
-        draft: LanguageModel | FeatureDrafter | str | Callable[[], Drafter] | None = None,
+        draft: DraftSource | None = None,
         *,
         max_batch: int = 16,
         capacity: int = 2048,
@@ -151,7 +147,11 @@ class BatchEngine:
         if self.capacity < 2:
             raise InvalidParameterError("the target's context is too short to batch")
         self.policy_factory = policy_factory
-        self.drafter = self._make_drafter(draft)
+        self.drafter = (
+            None
+            if draft is None
+            else draft.open(max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK)
+        )
         self.draft_deadline = (
             None
             if draft_deadline is None or self.drafter is None
@@ -164,25 +164,6 @@ class BatchEngine:
         self.pad = target.info.pad_token_id or 0
         self._rows: list[SequenceState] = []  # index = cache row
         self._by_id: dict[str, SequenceState] = {}
-
-    def _make_drafter(
-        self, draft: LanguageModel | FeatureDrafter | str | Callable[[], Drafter] | None
-    ) -> DraftSession | None:
-        if draft is None or draft == "none":
-            return None
-        if isinstance(draft, str):
-            if draft != "ngram":
-                raise InvalidParameterError(
-                    f"draft must be a model, 'ngram' or None, got {draft!r}"
-                )
-            return PerSequenceDrafters(NgramDrafter, self.max_batch)
-        if isinstance(draft, LanguageModel):
-            return ModelDrafter(draft).open(
-                self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK
-            )
-        if isinstance(draft, FeatureDrafter):
-            return draft.open(self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK)
-        return PerSequenceDrafters(draft, self.max_batch)
 
     @property
     def active(self) -> int:

@@ -24,16 +24,18 @@ import torch
 from torch import Tensor
 
 from spectune.draft import Draft, Refusal
-from spectune.errors import DrafterError
+from spectune.errors import DrafterError, InvalidParameterError
 from spectune.sampling import SamplingParams
 
 __all__ = [
     "DraftRequest",
     "DraftSession",
+    "DraftSource",
     "Drafter",
     "OneRow",
     "SequenceScorer",
     "TargetFeatures",
+    "fresh_drafter",
     "propose_ready",
 ]
 
@@ -81,6 +83,23 @@ class Drafter(Protocol):
         that read them; others ignore it.
         """
         ...
+
+
+@runtime_checkable
+class Renewable(Protocol):
+    """A drafter that can make a copy of itself for a new request: the same weights (or
+    index), its own empty per-request state."""
+
+    def fresh(self) -> Drafter: ...
+
+
+def fresh_drafter(drafter: Drafter) -> Drafter:
+    """A drafter with the same weights and its own (empty) per-request state (what the
+    server and the experiments give each request); ``InvalidParameterError`` for a drafter
+    that cannot copy itself."""
+    if isinstance(drafter, Renewable):
+        return drafter.fresh()
+    raise InvalidParameterError(f"cannot copy a {type(drafter).__name__} drafter")
 
 
 @runtime_checkable
@@ -138,6 +157,19 @@ class DraftSession(Protocol):
 
     def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Hear the committed context of ``row`` after a step."""
+        ...
+
+
+@runtime_checkable
+class DraftSource(Protocol):
+    """What drafts, as the batched engine needs it: weights (or a recipe for simple
+    drafters) that open a session over the rows of a batch."""
+
+    name: str
+
+    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> DraftSession:
+        """A session over ``rows`` rows of at most ``capacity`` tokens each (None: the
+        source's own limit); ``slack``: slots padding may write past a row's length."""
         ...
 
 

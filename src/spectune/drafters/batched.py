@@ -1,9 +1,10 @@
 """Simple drafters in a batch: one per-sequence ``Drafter`` per row, lifted to a session.
 
-N-gram lookup and the test doubles need no batching: ``PerSequenceDrafters`` is the one
-adapter that gives any ``Drafter`` the ``DraftSession`` interface the batched engine drives
-(``spectune.drafters.base``), proposing row after row. Learned drafters are sessions of
-their own (``spectune.drafters.model``, ``spectune.drafters.feature``).
+N-gram lookup and the test doubles need no batching: ``PerRow(factory)`` is the one
+adapter that makes any ``Drafter`` a ``DraftSource``; its sessions
+(``PerSequenceDrafters``) give each row its own drafter and propose row after row.
+Learned drafters are sources of their own (``spectune.drafters.model``,
+``spectune.drafters.feature``).
 """
 
 from __future__ import annotations
@@ -14,16 +15,29 @@ from spectune.draft import Draft, Refusal
 from spectune.drafters.base import Drafter, DraftRequest, TargetFeatures
 from spectune.records import drafter_error
 
-__all__ = ["PerSequenceDrafters"]
+__all__ = ["PerRow", "PerSequenceDrafters"]
+
+
+class PerRow:
+    """A ``DraftSource`` of simple drafters: each row of a session gets its own from
+    ``factory`` (a zero-argument callable, e.g. ``NgramDrafter``)."""
+
+    def __init__(self, factory: Callable[[], Drafter]) -> None:
+        self.factory = factory
+        self.name = factory().name
+
+    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> PerSequenceDrafters:
+        """Rows of per-sequence drafters (they hold contexts of any length)."""
+        return PerSequenceDrafters(self.factory, rows, self.name)
 
 
 class PerSequenceDrafters:
     """One ``Drafter`` per sequence, made by ``factory``; failures stay per sequence."""
 
-    def __init__(self, factory: Callable[[], Drafter], max_batch: int) -> None:
+    def __init__(self, factory: Callable[[], Drafter], max_batch: int, name: str) -> None:
         self.factory = factory
         self.drafters: list[Drafter | None] = [None] * max_batch
-        self.name = factory().name
+        self.name = name
 
     def add(self, row: int, prompt: Sequence[int], features: TargetFeatures | None) -> None:
         drafter = self.factory()

@@ -75,6 +75,10 @@ class FeatureDrafter:
         head's context: the head's context); ``slack``: slots padding may write past a row."""
         return FeatureSession(self, rows, capacity, slack)
 
+    def fresh(self) -> FeatureDrafter:
+        """The same head, vocabulary and name; its own (empty) per-request state."""
+        return FeatureDrafter(self.head, self.vocab_subset, name=self.name)
+
     def reset(self) -> None:
         self.row.reset()
 

@@ -77,6 +77,10 @@ class ModelDrafter:
         context); ``slack``: slots padding may write past a row (0 for one row)."""
         return ModelSession(self, rows, capacity, slack)
 
+    def fresh(self) -> ModelDrafter:
+        """The same model, vocabulary and name; its own (empty) per-request state."""
+        return ModelDrafter(self.model, name=self.name, vocab_subset=self.vocab_subset)
+
     def reset(self) -> None:
         self.row.reset()
 
