@@ -14,8 +14,8 @@ from spectune.decode.engine import SpeculativeEngine
 from spectune.decode.sequential import SequentialBatchEngine
 from spectune.drafters import FailingDrafter, ModelDrafter, NgramDrafter, ScriptedDrafter
 from spectune.drafters.base import Drafter
-from spectune.drafters.batched_feature import BatchFeatureDrafter
-from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.batched import PerRow
+from spectune.drafters.feature import FeatureDrafter, FeatureSession
 from spectune.errors import BatchFullError, InvalidParameterError, PromptError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import perturbed, toy_config, toy_model
@@ -101,7 +101,11 @@ def test_greedy_batch_equals_alone_with_draft_model(
     toy_target, toy_draft = endless, endless_draft
     params = SamplingParams(max_tokens=24)
     engine = BatchEngine(
-        toy_target, toy_draft, max_batch=3, capacity=256, policy_factory=lambda p: FixedK(k)
+        toy_target,
+        ModelDrafter(toy_draft),
+        max_batch=3,
+        capacity=256,
+        policy_factory=lambda p: FixedK(k),
     )
     got = run_batch(engine, {rid: (p, params) for rid, p in PROMPTS.items()})
     for rid, prompt in PROMPTS.items():
@@ -126,7 +130,11 @@ def test_sampled_batch_equals_alone_with_per_sequence_streams(
     params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=20)
     seeds = {rid: 100 + i for i, rid in enumerate(PROMPTS)}
     engine = BatchEngine(
-        toy_target, toy_draft, max_batch=4, capacity=256, policy_factory=lambda p: FixedK(3)
+        toy_target,
+        ModelDrafter(toy_draft),
+        max_batch=4,
+        capacity=256,
+        policy_factory=lambda p: FixedK(3),
     )
     got = run_batch(engine, {rid: (p, params) for rid, p in PROMPTS.items()}, seeds=seeds)
     for rid, prompt in PROMPTS.items():
@@ -138,7 +146,9 @@ def test_sampled_batch_equals_alone_with_per_sequence_streams(
 def test_ngram_batch_equals_alone(toy_target: LlamaLM, temperature: float) -> None:
     params = SamplingParams(temperature=temperature, max_tokens=16)
     seeds = {rid: 7 + i for i, rid in enumerate(PROMPTS)}
-    engine = BatchEngine(toy_target, "ngram", max_batch=5, policy_factory=lambda p: FixedK(4))
+    engine = BatchEngine(
+        toy_target, PerRow(NgramDrafter), max_batch=5, policy_factory=lambda p: FixedK(4)
+    )
     got = run_batch(engine, {rid: (p, params) for rid, p in PROMPTS.items()}, seeds=seeds)
     for rid, prompt in PROMPTS.items():
         assert tokens_of(got[rid]) == alone(
@@ -150,7 +160,9 @@ def test_join_and_leave_mid_run(endless: LlamaLM, endless_draft: LlamaLM) -> Non
     toy_target, toy_draft = endless, endless_draft
     params = SamplingParams(max_tokens=30)
     short = SamplingParams(max_tokens=5)
-    engine = BatchEngine(toy_target, toy_draft, max_batch=3, policy_factory=lambda p: FixedK(2))
+    engine = BatchEngine(
+        toy_target, ModelDrafter(toy_draft), max_batch=3, policy_factory=lambda p: FixedK(2)
+    )
     out: dict[str, list[int]] = {rid: [] for rid in ("a", "b", "c", "d")}
 
     def collect() -> None:
@@ -184,7 +196,7 @@ def test_speculation_turns_off_above_the_crossover(toy_target: LlamaLM, toy_draf
     params = SamplingParams(max_tokens=6)
     engine = BatchEngine(
         toy_target,
-        toy_draft,
+        ModelDrafter(toy_draft),
         max_batch=4,
         speculate_max_batch=2,
         policy_factory=lambda p: FixedK(3),
@@ -210,7 +222,9 @@ def test_drafter_failure_falls_back_for_that_sequence(
     toy_target: LlamaLM, factory: Callable[[], Drafter]
 ) -> None:
     params = SamplingParams(max_tokens=12)
-    engine = BatchEngine(toy_target, factory, max_batch=2, policy_factory=lambda p: FixedK(3))
+    engine = BatchEngine(
+        toy_target, PerRow(factory), max_batch=2, policy_factory=lambda p: FixedK(3)
+    )
     got = run_batch(engine, {rid: (PROMPTS[rid], params) for rid in ("a", "c")})
     for rid in ("a", "c"):
         assert tokens_of(got[rid]) == alone(toy_target, None, PROMPTS[rid], params, 0)
@@ -229,7 +243,10 @@ def test_draft_model_that_raises_falls_back(toy_target: LlamaLM, toy_draft: Llam
 
     params = SamplingParams(max_tokens=10)
     engine = BatchEngine(
-        toy_target, Broken(toy_draft.net), max_batch=2, policy_factory=lambda p: FixedK(2)
+        toy_target,
+        ModelDrafter(Broken(toy_draft.net)),
+        max_batch=2,
+        policy_factory=lambda p: FixedK(2),
     )
     got = run_batch(engine, {rid: (PROMPTS[rid], params) for rid in ("a", "e")})
     for rid in ("a", "e"):
@@ -251,7 +268,7 @@ def test_eos_and_stop_per_sequence(toy_target: LlamaLM) -> None:
 
     engine = BatchEngine(
         toy_target,
-        lambda: ScriptedDrafter(script, vocab_size=64),
+        PerRow(lambda: ScriptedDrafter(script, vocab_size=64)),
         max_batch=2,
         policy_factory=lambda p: FixedK(4),
     )
@@ -278,8 +295,6 @@ def test_bad_requests_raise_typed_errors(toy_target: LlamaLM) -> None:
     with pytest.raises(InvalidParameterError):
         engine.add("x", [1, 2, 3], params)
     with pytest.raises(InvalidParameterError):
-        BatchEngine(toy_target, "medusa")
-    with pytest.raises(InvalidParameterError):
         BatchEngine(toy_target, max_batch=0)
     assert engine.step()[0].record.emitted
     assert BatchEngine(toy_target).step() == []
@@ -297,7 +312,7 @@ def test_tree_drafts_in_a_batch_equal_alone(
     seeds = {rid: 31 + i for i, rid in enumerate(PROMPTS)}
     engine = BatchEngine(
         endless,
-        lambda: TreeDrafter(endless_draft, shape),
+        PerRow(lambda: TreeDrafter(endless_draft, shape)),
         max_batch=3,
         policy_factory=lambda p: FixedK(3),
     )
@@ -324,7 +339,9 @@ def test_batch_greedy_equals_alone_on_the_real_model(smollm2) -> None:  # type: 
         for i, q in enumerate(questions)
     }
     params = SamplingParams(max_tokens=16)
-    engine = BatchEngine(target, draft, max_batch=3, policy_factory=lambda p: FixedK(3))
+    engine = BatchEngine(
+        target, ModelDrafter(draft), max_batch=3, policy_factory=lambda p: FixedK(3)
+    )
     got = run_batch(engine, {rid: (p, params) for rid, p in prompts.items()})
     for rid, prompt in prompts.items():
         assert tokens_of(got[rid]) == alone(target, None, prompt, params, 0), rid
@@ -345,7 +362,7 @@ def test_feature_head_batch_equals_alone(
     engine = BatchEngine(
         endless, toy_feature_drafter, max_batch=3, capacity=256, policy_factory=lambda p: FixedK(k)
     )
-    assert isinstance(engine.drafter, BatchFeatureDrafter)
+    assert isinstance(engine.drafter, FeatureSession)
     got = run_batch(engine, {rid: (p, params) for rid, p in PROMPTS.items()}, seeds=seeds)
     accepted = drafted = 0
     for rid, prompt in PROMPTS.items():

@@ -11,6 +11,8 @@ import pytest
 from spectune.cli import main
 from spectune.control.crossover import load_crossover, save_crossover
 from spectune.decode.batch import BatchEngine
+from spectune.drafters import ModelDrafter, NgramDrafter
+from spectune.drafters.batched import PerRow
 from spectune.experiments.batching import BatchPoint, crossover
 from spectune.models.llama import LlamaLM
 
@@ -64,16 +66,21 @@ def test_crossover_is_the_last_size_where_speculation_still_wins() -> None:
 def test_batch_engine_reads_the_recorded_crossover(toy_target: LlamaLM, toy_draft: LlamaLM) -> None:
     draft_name = f"model:{toy_draft.info.name}"
     assert load_crossover(toy_target.info, draft_name) is None
-    assert BatchEngine(toy_target, toy_draft).speculate_max_batch is None
+    assert BatchEngine(toy_target, ModelDrafter(toy_draft)).speculate_max_batch is None
     save_crossover(toy_target.info, 3, {"ks": [4]}, draft=draft_name)
     assert load_crossover(toy_target.info, draft_name) == 3
     assert load_crossover(toy_target.info, "ngram") is None  # measured for another draft
-    assert BatchEngine(toy_target, toy_draft).speculate_max_batch == 3
-    assert BatchEngine(toy_target, "ngram").speculate_max_batch is None
-    assert BatchEngine(toy_target, toy_draft, speculate_max_batch=16).speculate_max_batch == 16
+    assert BatchEngine(toy_target, ModelDrafter(toy_draft)).speculate_max_batch == 3
+    assert BatchEngine(toy_target, PerRow(NgramDrafter)).speculate_max_batch is None
+    assert (
+        BatchEngine(toy_target, ModelDrafter(toy_draft), speculate_max_batch=16).speculate_max_batch
+        == 16
+    )
     save_crossover(toy_target.info, 2, {})  # a draft-agnostic value covers other drafts
-    assert BatchEngine(toy_target, "ngram").speculate_max_batch == 2
-    assert BatchEngine(toy_target, toy_draft).speculate_max_batch == 3  # the specific wins
+    assert BatchEngine(toy_target, PerRow(NgramDrafter)).speculate_max_batch == 2
+    assert (
+        BatchEngine(toy_target, ModelDrafter(toy_draft)).speculate_max_batch == 3
+    )  # the specific wins
 
 
 def test_shipped_crossover_is_the_fallback(
@@ -83,9 +90,11 @@ def test_shipped_crossover_is_the_fallback(
 
     key = f"{toy_target.info.name}|{toy_target.info.num_parameters}|model:{toy_draft.info.name}"
     monkeypatch.setattr(crossover_module, "_shipped", lambda: {key: {"speculate_max_batch": 4}})
-    assert BatchEngine(toy_target, toy_draft).speculate_max_batch == 4
+    assert BatchEngine(toy_target, ModelDrafter(toy_draft)).speculate_max_batch == 4
     save_crossover(toy_target.info, 1, {}, draft=f"model:{toy_draft.info.name}")
-    assert BatchEngine(toy_target, toy_draft).speculate_max_batch == 1  # this machine's first
+    assert (
+        BatchEngine(toy_target, ModelDrafter(toy_draft)).speculate_max_batch == 1
+    )  # this machine's first
 
 
 def test_unreadable_crossover_files_mean_not_measured(

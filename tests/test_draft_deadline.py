@@ -13,6 +13,7 @@ import pytest
 from spectune.decode.batch import BatchEngine
 from spectune.decode.deadline import DeadlineCall, DeadlineExceeded
 from spectune.decode.engine import SpeculativeEngine
+from spectune.drafters.batched import PerRow
 from spectune.drafters.scripted import ScriptedDrafter
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
@@ -69,7 +70,7 @@ def test_hung_drafter_falls_back_without_stalling(toy_target: LlamaLM) -> None:
 
     params = SamplingParams(temperature=0.0, max_tokens=24)
     prompts = {"a": [5, 9, 3], "b": [7, 7, 2, 11]}
-    engine = BatchEngine(toy_target, factory, max_batch=4, draft_deadline=DEADLINE)
+    engine = BatchEngine(toy_target, PerRow(factory), max_batch=4, draft_deadline=DEADLINE)
     for request_id, prompt in prompts.items():
         engine.add(request_id, prompt, params)
     outputs: dict[str, list[int]] = {r: [] for r in prompts}

@@ -453,6 +453,7 @@ def test_draft_source_keeps_what_each_drafter_needs(
     toy_draft: LlamaLM, toy_feature_drafter: FeatureDrafter
 ) -> None:
     from spectune.drafters import ModelDrafter, NgramDrafter
+    from spectune.drafters.batched import PerRow
 
     assert DraftSource.from_drafter(None).name is None
     assert DraftSource.from_drafter(NgramDrafter()).ngram
@@ -460,7 +461,7 @@ def test_draft_source_keeps_what_each_drafter_needs(
     reduced = ModelDrafter(toy_draft, vocab_subset=torch.arange(32), name="reduced")
     source = DraftSource.from_drafter(reduced)
     assert source.model is None and source.name == "reduced"
-    factory = source.for_batch()
-    assert callable(factory) and not isinstance(factory, str)
-    made = factory()  # type: ignore[call-arg]
+    per_row = source.for_batch()
+    assert isinstance(per_row, PerRow)  # per-sequence drafters, each a fresh copy
+    made = per_row.factory()
     assert isinstance(made, ModelDrafter) and made.vocab_subset is not None  # id map kept

@@ -199,15 +199,13 @@ def test_tree_drafter_commit_compacts_its_own_cache(
     accepted = [last.tokens[i] for i in _path(last.parents, node)]
     committed = context + accepted + [3]
     drafter.commit(committed, None)
-    assert drafter.cache is not None
-    assert drafter.cache.length() == len(context) + len(accepted)
+    cache = drafter.row.session.cache
+    assert cache.length() == len(context) + len(accepted)
     fresh = toy_draft.new_cache()
     toy_draft.forward(torch.tensor([context + accepted]), fresh)
     used = fresh.length()
     for layer in range(len(fresh.keys)):
-        torch.testing.assert_close(
-            drafter.cache.keys[layer][:, :, :used], fresh.keys[layer][:, :, :used]
-        )
+        torch.testing.assert_close(cache.keys[layer][:, :, :used], fresh.keys[layer][:, :, :used])
 
 
 def _path(parents: list[int], node: int) -> list[int]:

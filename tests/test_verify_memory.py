@@ -18,6 +18,8 @@ from spectune.control.base import FixedK
 from spectune.control.replay import fake_record
 from spectune.decode.batch import BatchEngine
 from spectune.decode.engine import SpeculativeEngine
+from spectune.drafters import NgramDrafter
+from spectune.drafters.batched import PerRow
 from spectune.drafters.scripted import ScriptedDrafter
 from spectune.drafters.tree import TreeDrafter, TreeShape
 from spectune.models.devices import VerifyMemory
@@ -63,7 +65,9 @@ def test_the_figure_grows_with_tree_size(toy_target: LlamaLM, toy_draft: LlamaLM
 
 
 def test_batched_steps_measure_the_whole_pass(toy_target: LlamaLM) -> None:
-    engine = BatchEngine(toy_target, "ngram", max_batch=2, policy_factory=lambda p: FixedK(2))
+    engine = BatchEngine(
+        toy_target, PerRow(NgramDrafter), max_batch=2, policy_factory=lambda p: FixedK(2)
+    )
     params = SamplingParams(max_tokens=4)
     engine.add("a", PROMPT, params)
     engine.add("b", [*PROMPT, 4], params)

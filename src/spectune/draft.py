@@ -39,8 +39,10 @@ from torch import Tensor
 from spectune.errors import DrafterError
 
 __all__ = [
+    "CONTEXT_FULL",
     "MAX_TREE_NODES",
     "Draft",
+    "Refusal",
     "chain_parents",
     "empty_draft",
     "check_parents",
@@ -78,6 +80,20 @@ class Draft:
         if self.parents is None:
             return None
         return max(tree_depths(self.parents.tolist()), default=0)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A drafter's answer for a request it cannot draft for; ``reason`` becomes the
+    step's fallback. A ``permanent`` refusal (the drafter failed) turns drafting off for the
+    rest of the request; a passing one (the draft cache is full) for this step only."""
+
+    reason: str
+    permanent: bool = True
+
+
+# The draft cache has no room for this request's context and draft (this step only).
+CONTEXT_FULL = Refusal("draft_context_full", permanent=False)
 
 
 def empty_draft() -> Draft:

@@ -13,6 +13,9 @@ Three depths (the engine and the verifier already cover the first and the drafte
 - global        ``GlobalFallback``: a draft step (one drafted token) costs more than
                 ``max_draft_ratio`` of a target step (smoothed) -> K = 0 for the rest of
                 the request.
+- batch         ``BatchSizeCheck``: more sequences share the target than the measured
+                crossover (``spectune.control.crossover``) -> K = 0 while they do; both
+                batch engines put it in front of every request's policy.
 - drafter error the engine turns a raising or garbage-returning drafter into plain
                 decoding for the request (``drafter_error: ...`` in the record).
 
@@ -25,7 +28,7 @@ policies themselves know nothing about fallback. Reasons start with their kind a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +38,7 @@ from spectune.errors import InvalidParameterError
 from spectune.records import StepRecord
 
 __all__ = [
+    "BatchSizeCheck",
     "FallbackCheck",
     "GlobalFallback",
     "GlobalFallbackConfig",
@@ -42,6 +46,7 @@ __all__ = [
     "Hold",
     "LocalFallback",
     "LocalFallbackConfig",
+    "batch_limited",
 ]
 
 
@@ -190,6 +195,41 @@ class GlobalFallbackConfig:
             raise InvalidParameterError(
                 f"global.warmup_steps must be >= 1, got {self.warmup_steps}"
             )
+
+
+class BatchSizeCheck:
+    """More than ``limit`` sequences share the target -> no speculation while they do.
+
+    Above that size the target is compute-bound on the batch and verifying drafts costs
+    more than it saves (``spectune experiment batch`` measures the crossover). None: no
+    limit. ``batch_size`` reads the engine's current number of sequences.
+    """
+
+    kind = "batch_too_large"
+
+    def __init__(self, batch_size: Callable[[], int], limit: int | None) -> None:
+        self.batch_size = batch_size
+        self.limit = limit
+
+    def observe(self, record: StepRecord) -> None:
+        """Nothing to learn: the batch size is read when asked."""
+
+    def check(self) -> Hold | None:
+        size = self.batch_size()
+        if self.limit is None or size <= self.limit:
+            return None
+        return Hold(0, f"{self.kind}: {size} > {self.limit}")
+
+    def state(self) -> PolicyState:
+        return {"size": self.batch_size(), "limit": self.limit}
+
+
+def batch_limited(policy: KPolicy, batch_size: Callable[[], int], limit: int | None) -> KPolicy:
+    """``policy`` behind a ``BatchSizeCheck`` (itself when there is no limit): what both
+    batch engines give each request."""
+    if limit is None:
+        return policy
+    return Guarded(policy, [BatchSizeCheck(batch_size, limit)], name="batch_limited")
 
 
 class GlobalFallback:

@@ -3,14 +3,17 @@
 The server's continuous batching runs on this. Each ``step()`` advances every active
 sequence by one speculative step:
 
-1. K per sequence from its own policy (0 above ``speculate_max_batch`` active sequences,
-   where speculation stops paying, and for sequences whose drafter failed).
+1. K per sequence from its own policy (``SequenceState.plan``), behind a batch-size check
+   (``spectune.control.fallback.BatchSizeCheck``: 0 above ``speculate_max_batch`` active
+   sequences, where speculation stops paying), and 0 for sequences whose drafter failed.
 2. Draft: one draft pass per draft step over the batch (``spectune.drafters.batched``; a
-   feature head: ``spectune.drafters.batched_feature``). With a ``draft_deadline``, a pass
-   that takes longer is abandoned and the step decodes plainly (below).
+   feature head: ``spectune.drafters.feature``), each proposal checked by
+   ``SequenceState.accept``. With a ``draft_deadline``, a pass that takes longer is
+   abandoned and the step decodes plainly (below).
 3. One target pass over ``[batch, 1 + max K]``: row b is ``[pending_b, draft_b..., pad]``.
-4. Per sequence: verify (``engine.verify_draft``), roll back its row to what it kept,
-   stop (``engine.cut_at_stops``), tell its drafter and policy.
+4. Per sequence: verify its row (``spectune.verify.draft.verify_draft``), then
+   ``SequenceState.settle``: roll back its row to what it kept, stop, tell its drafter
+   and policy. The single-sequence engine calls the same verbs.
 5. Finished sequences leave the batch.
 
 Layout: the n active sequences occupy rows ``0..n-1`` of one target cache (and one draft
@@ -42,41 +45,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from functools import partial
 
 import torch
+from torch import Tensor
 
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.crossover import load_crossover
+from spectune.control.fallback import batch_limited
 from spectune.decode.deadline import DeadlineCall, DeadlineExceeded
+from spectune.decode.sequence import SequenceState
 from spectune.decode.step import (
     CHUNK_SLACK,
     SequenceUpdate,
-    check_draft,
-    check_prompt,
-    cut_at_stops,
-    fit_to_room,
-    keep_path,
     request_generator,
 )
-from spectune.draft import Draft, chain_parents, empty_draft, tree_layout
-from spectune.drafters.base import Drafter, TargetFeatures
-from spectune.drafters.batched import (
-    BatchDrafter,
-    BatchModelDrafter,
-    DraftRequest,
-    PerSequenceDrafters,
-    Refusal,
-)
-from spectune.drafters.batched_feature import BatchFeatureDrafter
-from spectune.drafters.feature import FeatureDrafter
-from spectune.drafters.ngram import NgramDrafter
+from spectune.draft import Draft, Refusal, chain_parents, tree_layout
+from spectune.drafters.base import DraftRequest, DraftSession, DraftSource, TargetFeatures
 from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
 from spectune.models.kv_cache import StaticKVCache
 from spectune.models.rows import forward_row, forward_rows
-from spectune.records import StepRecord, StopCondition, drafter_error
+from spectune.records import StopCondition, drafter_error
 from spectune.sampling import SamplingParams
 from spectune.verify.draft import verify_draft
 
@@ -85,21 +76,9 @@ __all__ = ["BatchEngine", "SequenceUpdate"]
 DRAFT_DEADLINE = "draft_deadline"  # the fallback kind of a draft pass past its deadline
 
 
-@dataclass
-class _Sequence:
-    """A request's mutable decoding state, owned by the engine."""
-
-    request_id: str
-    params: SamplingParams
-    generator: torch.Generator
-    policy: KPolicy
-    stop: StopCondition | None
-    context: list[int]  # prompt + output, the pending (last) token included
-    capacity: int  # most tokens this sequence may hold, as the single engine computes it
-    row: int
-    output: list[int] = field(default_factory=list)
-    drafter_failure: str | None = None
-    index: int = 0
+def _logit_rows(logits: Tensor, start: int, end: int) -> Tensor:
+    """Rows [start, end) of a row's logits from the batched target pass (already run)."""
+    return logits[start:end]
 
 
 def tree_inputs(
@@ -123,10 +102,10 @@ def tree_inputs(
 class BatchEngine:
     """Decodes many requests at once with a target model and an optional draft.
 
-    ``draft``: a draft ``LanguageModel`` or a ``FeatureDrafter`` (batched draft passes),
-    ``"ngram"`` (prompt lookup), a zero-argument factory of per-sequence ``Drafter``
-    objects, or None (plain decoding). ``capacity``: most tokens one sequence may hold
-    (prompt + output).
+    ``draft``: a ``DraftSource`` the engine opens a session of ``max_batch`` rows from: a
+    ``ModelDrafter`` or a ``FeatureDrafter`` (batched draft passes), ``PerRow(factory)``
+    for per-sequence drafters (``PerRow(NgramDrafter)``: prompt lookup), or None (plain
+    decoding). ``capacity``: most tokens one sequence may hold (prompt + output).
     ``speculate_max_batch``: above this many active sequences every step is plain; None
     reads the crossover ``spectune experiment batch`` measured for this target and draft
     (``spectune.control.crossover``: this machine's, else the shipped one), and speculates at
@@ -140,7 +119,7 @@ class BatchEngine:
     def __init__(
         self,
         target: LanguageModel,
-        draft: LanguageModel | FeatureDrafter | str | Callable[[], Drafter] | None = None,
+        draft: DraftSource | None = None,
         *,
         max_batch: int = 16,
         capacity: int = 2048,
@@ -168,7 +147,11 @@ class BatchEngine:
         if self.capacity < 2:
             raise InvalidParameterError("the target's context is too short to batch")
         self.policy_factory = policy_factory
-        self.drafter = self._make_drafter(draft)
+        self.drafter = (
+            None
+            if draft is None
+            else draft.open(max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK)
+        )
         self.draft_deadline = (
             None
             if draft_deadline is None or self.drafter is None
@@ -179,29 +162,8 @@ class BatchEngine:
             speculate_max_batch = load_crossover(target.info, self.drafter.name)
         self.speculate_max_batch = speculate_max_batch
         self.pad = target.info.pad_token_id or 0
-        self._rows: list[_Sequence] = []  # index = cache row
-        self._by_id: dict[str, _Sequence] = {}
-
-    def _make_drafter(
-        self, draft: LanguageModel | FeatureDrafter | str | Callable[[], Drafter] | None
-    ) -> BatchDrafter | None:
-        if draft is None or draft == "none":
-            return None
-        if isinstance(draft, str):
-            if draft != "ngram":
-                raise InvalidParameterError(
-                    f"draft must be a model, 'ngram' or None, got {draft!r}"
-                )
-            return PerSequenceDrafters(NgramDrafter, self.max_batch)
-        if isinstance(draft, LanguageModel):
-            return BatchModelDrafter(
-                draft, self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK
-            )
-        if isinstance(draft, FeatureDrafter):
-            return BatchFeatureDrafter(
-                draft, self.max_batch, self.capacity + CHUNK_SLACK, CHUNK_SLACK
-            )
-        return PerSequenceDrafters(draft, self.max_batch)
+        self._rows: list[SequenceState] = []  # index = cache row
+        self._by_id: dict[str, SequenceState] = {}
 
     @property
     def active(self) -> int:
@@ -237,16 +199,24 @@ class BatchEngine:
             raise InvalidParameterError(f"request {request_id!r} is already in the batch")
         if not self.has_room:
             raise BatchFullError(f"the batch is full ({self.max_batch} sequences)")
-        prompt = check_prompt(prompt, info.vocab_size, self.capacity)
-        generator = generator or request_generator(params)
         if policy is None and self.policy_factory is not None:
             policy = self.policy_factory(params)
         elif policy is None:
             policy = FixedK(4 if self.drafter is not None else 0)
         row = len(self._rows)
-        # The single-sequence engine's capacity, so both finish on "length" alike.
-        capacity = min(self.capacity, len(prompt) + params.max_tokens + CHUNK_SLACK)
-        seq = _Sequence(request_id, params, generator, policy, stop, prompt, capacity, row)
+        seq = SequenceState.start(
+            request_id,
+            prompt,
+            params,
+            info,
+            self.capacity,
+            policy=batch_limited(policy, lambda: len(self._rows), self.speculate_max_batch),
+            generator=generator or request_generator(params),
+            stop=stop,
+            verify_groups=None,  # one batched target pass verifies every row
+            row=row,
+        )
+        prompt = seq.context
 
         # Prefill the target row with all but the pending (last) prompt token.
         self.cache.truncate(0, row)
@@ -271,7 +241,7 @@ class BatchEngine:
         if seq is not None:
             self._release(seq)
 
-    def _release(self, seq: _Sequence) -> None:
+    def _release(self, seq: SequenceState) -> None:
         del self._by_id[seq.request_id]
         last = len(self._rows) - 1
         if seq.row != last:
@@ -293,7 +263,7 @@ class BatchEngine:
         return self.draft_deadline is not None and self.draft_deadline.busy
 
     def _propose(
-        self, drafter: BatchDrafter, requests: list[DraftRequest], num_rows: int
+        self, drafter: DraftSession, requests: list[DraftRequest], num_rows: int
     ) -> list[Draft | Refusal]:
         if self.draft_deadline is None:
             return drafter.propose(requests, num_rows)
@@ -313,37 +283,23 @@ class BatchEngine:
             return []
         step_start = time.perf_counter()
         num_rows = len(seqs)
-        vocab = self.target.info.vocab_size
 
-        # 1. K per sequence, never past max_tokens or the sequence's context.
-        too_large = self.speculate_max_batch is not None and num_rows > self.speculate_max_batch
-        ks: list[int] = []
-        fallbacks: list[str | None] = []
-        for seq in seqs:
-            remaining = seq.params.max_tokens - len(seq.output)
-            room = seq.capacity - len(seq.context)
-            if self.drafter is None or seq.drafter_failure:
-                k, reason = 0, seq.drafter_failure
-            elif too_large:
-                k, reason = 0, f"batch_too_large: {num_rows} > {self.speculate_max_batch}"
-            else:
-                k = seq.policy.next_k()
-                reason = seq.policy.reason if k == 0 else None
-            ks.append(max(0, min(k, remaining - 1, room - 1)))
-            fallbacks.append(reason)
+        # 1. K per sequence (its policy behind the batch-size check), within max_tokens
+        #    and the sequence's context.
+        drafter = self.drafter
+        steps = [seq.plan(drafting=drafter is not None, start=step_start) for seq in seqs]
 
         # 2. Draft: one batched pass per draft step; a failure falls back for its sequence.
-        drafts = [empty_draft() for _ in seqs]
-        draft_time = 0.0
         requests = [
-            DraftRequest(s.row, s.context, k, s.params, s.generator)
-            for s, k in zip(seqs, ks, strict=True)
-            if k > 0
+            DraftRequest(seq.row, seq.context, step.k, seq.params, seq.generator)
+            for seq, step in zip(seqs, steps, strict=True)
+            if step.k > 0
         ]
-        if requests and self.drafter is not None:
+        draft_time = 0.0
+        if requests and drafter is not None:
             draft_start = time.perf_counter()
             try:
-                proposed = self._propose(self.drafter, requests, num_rows)
+                proposed = self._propose(drafter, requests, num_rows)
             except DeadlineExceeded as exc:
                 # Every sequence decodes plainly from now on: the late pass may still be
                 # changing the drafter's state of any row.
@@ -354,23 +310,13 @@ class BatchEngine:
             except Exception as exc:  # the whole pass failed: its sequences decode plainly
                 proposed = [Refusal(drafter_error(exc))] * len(requests)
             for req, proposal in zip(requests, proposed, strict=True):
-                seq = seqs[req.row]
-                if isinstance(proposal, Refusal):
-                    fallbacks[req.row] = proposal.reason
-                    if proposal.permanent:
-                        seq.drafter_failure = proposal.reason
-                    continue
-                room = seq.capacity - len(seq.context)
-                try:
-                    drafts[req.row] = fit_to_room(check_draft(proposal, req.k, vocab), room - 1)
-                except Exception as exc:
-                    seq.drafter_failure = drafter_error(exc)
-                    fallbacks[req.row] = seq.drafter_failure
+                seqs[req.row].accept(steps[req.row], proposal)
             draft_time = time.perf_counter() - draft_start
 
         # 3. One target pass over [rows, 1 + longest draft], padded after each row's tokens.
         target_start = time.perf_counter()
         memory = VerifyMemory(model_device(self.target))
+        drafts = [step.draft for step in steps]
         width = 1 + max(len(d) for d in drafts)
         chunk = torch.full((num_rows, width), self.pad, dtype=torch.long)  # [rows, width]
         for seq, draft in zip(seqs, drafts, strict=True):
@@ -386,50 +332,42 @@ class BatchEngine:
         verify_peak = memory.peak_bytes(
             rows=num_rows * width,
             context=max(lengths_before) + width,
-            vocab=vocab,
+            vocab=self.target.info.vocab_size,
             sampled=any(not s.params.greedy for s in seqs),
         )
 
-        # 4. Per sequence: verify, roll back its row, stop, tell drafter and policy.
-        eos = set(self.target.info.eos_token_ids)
+        # 4. Per sequence: verify its row, keep, stop, tell the drafter, record.
         updates: list[SequenceUpdate] = []
-        finished: list[_Sequence] = []
-        for seq, draft, k, fallback in zip(seqs, drafts, ks, fallbacks, strict=True):
-            row = seq.row
-            logits = out.logits[row, : len(draft) + 1]  # [drafted + 1, vocab]
-            result = verify_draft(draft, logits, seq.params, seq.generator)
-            keep_path(self.cache, row, lengths_before[row], result.path)
-            seq.context.extend(result.tokens)
-            emitted, finish = cut_at_stops(
-                list(result.tokens), seq.output, seq.params.max_tokens, eos, seq.stop
-            )
-            if finish is None and len(seq.context) >= seq.capacity:
-                finish = "length"  # the context is full
-            if self.drafter is not None and finish is None and not seq.drafter_failure:
-                hidden = None if out.hidden is None else out.hidden[row, [0, *result.path]]
-                features = None if hidden is None else TargetFeatures(lengths_before[row], hidden)
-                self.drafter.commit(row, seq.context, features)
-            record = StepRecord(
-                index=seq.index,
-                k=k,
-                drafted=len(draft),
-                accepted=result.num_accepted,
-                emitted=tuple(emitted),
-                draft_time=draft_time,
-                target_time=target_time,
-                step_time=time.perf_counter() - step_start,
-                fallback=fallback,
-                finish_reason=finish,
-                tree_depth=draft.depth,
-                verify_peak_bytes=verify_peak,
-            )
-            seq.policy.observe(record)
-            seq.index += 1
+        finished: list[SequenceState] = []
+        for seq, step in zip(seqs, steps, strict=True):
+            step.draft_time, step.target_time = draft_time, target_time  # the batch's
+            step.verify_peak_bytes = verify_peak  # the whole batch's pass
+            row_logits = out.logits[seq.row, : len(step.draft) + 1]  # [drafted + 1, vocab]
+            score = partial(_logit_rows, row_logits)
+            result = verify_draft(step.draft, score, seq.params, seq.generator)
+            commit = None
+            if drafter is not None:
+                commit = partial(self._commit, drafter, seq, out.hidden, lengths_before[seq.row])
+            record = seq.settle(step, result, self.cache, lengths_before[seq.row], commit)
             updates.append(SequenceUpdate(seq.request_id, record))
-            if finish is not None:
+            if record.finish_reason is not None:
                 finished.append(seq)
 
         # 5. Finished sequences leave (highest row first, so moves never touch them).
         for seq in sorted(finished, key=lambda s: s.row, reverse=True):
             self._release(seq)
         return updates
+
+    def _commit(
+        self,
+        drafter: DraftSession,
+        seq: SequenceState,
+        hidden: Tensor | None,  # [rows, width, hidden]: the target pass's hidden states
+        length_before: int,
+        rows: list[int],
+    ) -> None:
+        """Tell the drafter the row's committed context, with the hidden states of the kept
+        chunk ``rows`` when the target exposes them."""
+        kept = None if hidden is None else hidden[seq.row, rows]  # [len(rows), hidden]
+        features = None if kept is None else TargetFeatures(length_before, kept)
+        drafter.commit(seq.row, seq.context, features)

@@ -6,7 +6,12 @@ handled by the caller through ``StopCondition``.
 
 Cache invariant: between steps the target cache holds every committed token except the
 last one (the *pending* token). A step forwards ``[pending, draft_1..draft_k]`` in one
-pass, so the logits at row i score draft token i + 1 and row k gives the bonus token.
+pass (or one pass per group, ``spectune.verify.grouped``), so the logits at row i score
+draft token i + 1 and row k gives the bonus token.
+
+The loop is prefill plus plan, draft, score and verify, settle; the per-request verbs
+(``plan``, ``accept``, ``settle``) are ``spectune.decode.sequence.SequenceState``'s, which
+the batched engine (``spectune.decode.batch``) calls too.
 """
 
 from __future__ import annotations
@@ -14,30 +19,22 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from spectune.control.base import FixedK, GroupedVerification, KPolicy
-from spectune.decode.step import (
-    CHUNK_SLACK,
-    check_draft,
-    check_prompt,
-    cut_at_stops,
-    fit_to_room,
-    keep_path,
-    request_generator,
-)
-from spectune.draft import Draft, empty_draft, tree_layout
+from spectune.control.base import FixedK, KPolicy
+from spectune.decode.sequence import SequenceState, Step
+from spectune.decode.step import request_generator
+from spectune.draft import Draft, Refusal, tree_layout
 from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.errors import InvalidParameterError
 from spectune.models.base import KVCache, LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
 from spectune.records import StepRecord, StopCondition, drafter_error
 from spectune.sampling import SamplingParams
-from spectune.verify.chain import VerifyResult
-from spectune.verify.draft import verify_draft
-from spectune.verify.grouped import verify_in_groups
+from spectune.verify.draft import Score, verify_draft
 
 __all__ = ["Generation", "SpeculativeEngine"]
 
@@ -134,148 +131,102 @@ class SpeculativeEngine:
         """
         target = self.target
         info = target.info
-        prompt = check_prompt(prompt, info.vocab_size, info.max_context)
-        generator = generator or request_generator(params)
-        policy = policy or FixedK(4 if self.drafter is not None else 0)
         drafter = self.drafter
-        eos = set(info.eos_token_ids)
-        capacity = min(info.max_context, len(prompt) + params.max_tokens + CHUNK_SLACK)
         device = model_device(target)
+        generator = generator or request_generator(params)
+        seq = SequenceState.start(
+            "",
+            prompt,
+            params,
+            info,
+            info.max_context,
+            policy=policy or FixedK(4 if drafter is not None else 0),
+            generator=generator,
+            stop=stop,
+            verify_groups=self.verify_groups,
+        )
 
         # 1. Prefill: the target ingests all but the last prompt token (the pending token).
-        cache = target.new_cache(capacity=capacity)
-        context = list(prompt)
+        cache = target.new_cache(capacity=seq.capacity)
         features: TargetFeatures | None = None
-        if len(prompt) > 1:
-            out = target.forward(torch.tensor([prompt[:-1]]), cache)
+        if len(seq.context) > 1:
+            out = target.forward(torch.tensor([seq.context[:-1]]), cache)
             if out.hidden is not None:
                 features = TargetFeatures(0, out.hidden[0])
         if drafter is not None:
             drafter.reset()
-            drafter.commit(context, features)
+            drafter.commit(seq.context, features)
 
-        output: list[int] = []
-        drafter_failure: str | None = None
-        index = 0
         while True:
-            step_start = time.perf_counter()
-            remaining = params.max_tokens - len(output)
-            room = capacity - len(context)  # slots left, the pending token's included
-            # 2. How many tokens to draft: the policy's K, never past max_tokens or the
-            #    context (a step emits at most k + 1 tokens).
-            k = 0 if drafter is None or drafter_failure else policy.next_k()
-            k = max(0, min(k, remaining - 1, room - 1))
-            fallback = drafter_failure or (policy.reason if k == 0 else None)
+            # 2. How many tokens to draft (the policy's K, within max_tokens and the context).
+            step = seq.plan(drafting=drafter is not None, start=time.perf_counter())
 
             # 3. Draft (a chain, or a tree when the drafter returns parents).
-            draft_time = 0.0
-            draft = empty_draft()
-            if k > 0 and drafter is not None:
+            if step.k > 0 and drafter is not None:
                 draft_start = time.perf_counter()
                 try:
-                    proposed = drafter.propose(context, k, params, generator)
-                    draft = fit_to_room(check_draft(proposed, k, info.vocab_size), room - 1)
+                    proposal: Draft | Refusal = drafter.propose(
+                        seq.context, step.k, params, generator
+                    )
                 except Exception as exc:  # any drafter failure falls back to plain decoding
-                    drafter_failure = drafter_error(exc)
-                    fallback = drafter_failure
-                    draft = empty_draft()
-                draft_time = time.perf_counter() - draft_start
+                    proposal = Refusal(drafter_error(exc))
+                seq.accept(step, proposal)
+                step.draft_time = time.perf_counter() - draft_start
 
-            # 4. One target pass over the pending token and the draft (a tree goes in with
-            #    depth positions and an ancestor mask, see spectune.draft).
-            target_start = time.perf_counter()
+            # 4-5. Target passes over the pending token and the draft (one, or one per
+            #      group of a chunked chain), verified as they come (spectune.verify).
             memory = VerifyMemory(device)
             length_before = cache.length()
-            chunk = torch.cat((torch.tensor([context[-1]]), draft.tokens)).view(1, -1)
-            groups = 1
-            if draft.parents is None and len(draft) > 1:
-                groups = self._groups(policy, len(draft))
-            if groups > 1:
-                # 4-5. Chunked: one pass per group, each verified as it comes, stopping at
-                #      the first rejection (the same tokens as one pass, spectune.verify.grouped).
-                result, hidden_states = self._verify_chunked(
-                    chunk, cache, draft, groups, params, generator
-                )
-                target_time = time.perf_counter() - target_start
-            else:
-                if draft.parents is None:
-                    out = target.forward(chunk, cache)
-                else:
-                    positions, mask = tree_layout(draft.parents, length_before)
-                    out = target.forward(
-                        chunk, cache, positions=positions[None], chunk_mask=mask[None]
-                    )
-                target_time = time.perf_counter() - target_start
-                hidden_states = None if out.hidden is None else out.hidden[0]
-
-                # 5. Verify.
-                result = verify_draft(draft, out.logits[0], params, generator)
-            rows = chunk.shape[1]
-            verify_peak = memory.peak_bytes(
+            hidden: list[Tensor] = []
+            score = self._scorer(seq.context[-1], step, cache, length_before, hidden)
+            result = verify_draft(step.draft, score, params, generator, groups=step.verify_groups)
+            rows = 1 + len(step.draft)
+            step.verify_peak_bytes = memory.peak_bytes(
                 rows=rows,
                 context=length_before + rows,
                 vocab=info.vocab_size,
                 sampled=not params.greedy,
             )
 
-            # 6. Keep the accepted path (a tree's is compacted), drop the rest; tell the
-            #    drafter what was committed.
-            keep_path(cache, 0, length_before, result.path)
-            emitted = list(result.tokens)
-            context.extend(emitted)
-
-            # 7. Stop: EOS, max_tokens, stop condition (each may cut the emitted tokens).
-            emitted, finish = cut_at_stops(emitted, output, params.max_tokens, eos, stop)
-            if finish is None and len(context) >= capacity:
-                finish = "length"  # the context is full
-            if drafter is not None and finish is None:
-                hidden = None if hidden_states is None else hidden_states[[0, *result.path]]
-                drafter.commit(
-                    context,
-                    None if hidden is None else TargetFeatures(length_before, hidden),
-                )
-            record = StepRecord(
-                index=index,
-                k=k,
-                drafted=len(draft),
-                accepted=result.num_accepted,
-                emitted=tuple(emitted),
-                draft_time=draft_time,
-                target_time=target_time,
-                step_time=time.perf_counter() - step_start,
-                fallback=fallback,
-                finish_reason=finish,
-                verify_groups=groups,
-                tree_depth=draft.depth,
-                verify_peak_bytes=verify_peak,
-            )
-            policy.observe(record)
+            # 6-7. Keep the accepted path, stop, tell the drafter, record.
+            commit = None if drafter is None else partial(self._commit, seq, hidden, length_before)
+            record = seq.settle(step, result, cache, length_before, commit)
             yield record
-            if finish is not None:
+            if record.finish_reason is not None:
                 return
-            index += 1
 
-    def _groups(self, policy: KPolicy, k: int) -> int:
-        choice = policy.verify_groups(k) if isinstance(policy, GroupedVerification) else None
-        return self.verify_groups if choice is None else max(1, int(choice))
+    def _commit(
+        self, seq: SequenceState, hidden: list[Tensor], length_before: int, rows: list[int]
+    ) -> None:
+        """Tell the drafter the committed context, with the target's hidden states at the
+        kept chunk ``rows`` when the target exposes them."""
+        assert self.drafter is not None
+        kept = torch.cat(hidden)[rows] if hidden else None  # [len(rows), hidden]
+        features = None if kept is None else TargetFeatures(length_before, kept)
+        self.drafter.commit(seq.context, features)
 
-    def _verify_chunked(
-        self,
-        chunk: Tensor,  # [1, k + 1]: the pending token and a chain draft
-        cache: KVCache,
-        draft: Draft,
-        groups: int,
-        params: SamplingParams,
-        generator: torch.Generator,
-    ) -> tuple[VerifyResult, Tensor | None]:
-        """Returns the verdict and the hidden states of the rows scored ([rows, hidden])."""
-        hidden: list[Tensor] = []
+    def _scorer(
+        self, pending: int, step: Step, cache: KVCache, length_before: int, hidden: list[Tensor]
+    ) -> Score:
+        """The target over chunk rows [start, end) of ``[pending, *draft]``: a chain row
+        range appended to the cache, or a whole tree with its depth positions and ancestor
+        mask (``spectune.draft.tree_layout``). Adds its time to ``step.target_time`` and
+        collects the hidden states ([rows, hidden]) for drafters that read them."""
+        draft = step.draft
+        chunk = torch.cat((torch.tensor([pending]), draft.tokens)).view(1, -1)  # [1, n + 1]
 
         def score(start: int, end: int) -> Tensor:
-            out = self.target.forward(chunk[:, start:end], cache)
+            target_start = time.perf_counter()
+            if draft.parents is None:
+                out = self.target.forward(chunk[:, start:end], cache)
+            else:
+                positions, mask = tree_layout(draft.parents, length_before)
+                out = self.target.forward(
+                    chunk, cache, positions=positions[None], chunk_mask=mask[None]
+                )
+            step.target_time += time.perf_counter() - target_start
             if out.hidden is not None:
                 hidden.append(out.hidden[0])
-            return out.logits[0]
+            return out.logits[0]  # [end - start, vocab]
 
-        result = verify_in_groups(draft.tokens, draft.probs, score, groups, params, generator)
-        return result, torch.cat(hidden) if hidden else None
+        return score

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from spectune.control.base import FixedK, GroupedVerification, KPolicy
+from spectune.control.base import FixedK, KPolicy
+from spectune.control.fallback import batch_limited
 from spectune.decode.engine import SpeculativeEngine
 from spectune.decode.step import SequenceUpdate, check_prompt
 from spectune.drafters.base import Drafter
@@ -21,7 +22,7 @@ from spectune.models.base import LanguageModel
 from spectune.records import StepRecord, StopCondition
 from spectune.sampling import SamplingParams
 
-__all__ = ["BatchGate", "SequenceFailed", "SequenceUpdate", "SequentialBatchEngine"]
+__all__ = ["SequenceFailed", "SequenceUpdate", "SequentialBatchEngine"]
 
 
 class SequenceFailed(Exception):
@@ -35,39 +36,6 @@ class SequenceFailed(Exception):
         super().__init__("; ".join(f"request {rid} failed: {exc}" for rid, exc in failures.items()))
         self.failures = failures
         self.updates = updates
-
-
-class BatchGate:
-    """Wraps a request's K policy: no speculation while the batch is larger than ``limit``.
-
-    Above that size the target is compute-bound on the batch and verifying drafts costs
-    more than it saves (see ``spectune.control.costs``); the gate reports why it held K at 0.
-    """
-
-    def __init__(self, inner: KPolicy, batch_size: Callable[[], int], limit: int | None) -> None:
-        self.inner = inner
-        self.batch_size = batch_size
-        self.limit = limit
-        self._gated = False
-
-    def next_k(self) -> int:
-        size = self.batch_size()
-        self._gated = self.limit is not None and size > self.limit
-        return 0 if self._gated else self.inner.next_k()
-
-    def observe(self, record: StepRecord) -> None:
-        self.inner.observe(record)
-
-    def verify_groups(self, k: int) -> int | None:
-        """The inner policy's choice of chunked verification, if it makes one."""
-        inner = self.inner
-        return inner.verify_groups(k) if isinstance(inner, GroupedVerification) else None
-
-    @property
-    def reason(self) -> str | None:
-        if self._gated:
-            return f"batch_too_large: {self.batch_size()} > {self.limit}"
-        return self.inner.reason
 
 
 class SequentialBatchEngine:
@@ -126,7 +94,7 @@ class SequentialBatchEngine:
         # request at once and the running batch never holds one.
         prompt = check_prompt(prompt, info.vocab_size, info.max_context)
         drafter = self.drafter_factory() if self.drafter_factory is not None else None
-        gate = BatchGate(
+        gate = batch_limited(
             policy or self.policy_factory(params), lambda: self.active, self.speculate_max_batch
         )
         engine = SpeculativeEngine(self.target, drafter)

@@ -1,23 +1,43 @@
-"""The drafter contract: propose tokens, then hear what the target committed.
+"""The drafter contracts: propose tokens, then hear what the target committed.
 
 A drafter is any source of guesses. It receives the committed context (prompt and
 output so far) on every call and keeps whatever private state it likes in sync with it;
-the engine never reaches into a drafter.
+the engine never reaches into a drafter. Two shapes:
+
+- ``Drafter``: one sequence (``reset``/``propose``/``commit``); what the single-sequence
+  engine drives, and what simple drafters (n-gram lookup, test doubles) implement.
+- ``DraftSession``: rows of a batch (``add``/``move``/``free``/``propose(requests)``/
+  ``commit(row, ...)``); what the batched engine drives. A learned drafter is written
+  once, as a session over rows that its source opens (``ModelDrafter.open``); its
+  ``Drafter`` face is a one-row session (``OneRow``), so a sequence drafts the same
+  tokens alone or batched. Simple drafters are lifted to sessions by one adapter
+  (``spectune.drafters.batched.PerSequenceDrafters``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from spectune.draft import Draft
+from spectune.draft import Draft, Refusal
+from spectune.errors import DrafterError, InvalidParameterError
 from spectune.sampling import SamplingParams
 
-__all__ = ["Drafter", "SequenceScorer", "TargetFeatures"]
+__all__ = [
+    "DraftRequest",
+    "DraftSession",
+    "DraftSource",
+    "Drafter",
+    "OneRow",
+    "SequenceScorer",
+    "TargetFeatures",
+    "fresh_drafter",
+    "propose_ready",
+]
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,23 @@ class Drafter(Protocol):
 
 
 @runtime_checkable
+class Renewable(Protocol):
+    """A drafter that can make a copy of itself for a new request: the same weights (or
+    index), its own empty per-request state."""
+
+    def fresh(self) -> Drafter: ...
+
+
+def fresh_drafter(drafter: Drafter) -> Drafter:
+    """A drafter with the same weights and its own (empty) per-request state (what the
+    server and the experiments give each request); ``InvalidParameterError`` for a drafter
+    that cannot copy itself."""
+    if isinstance(drafter, Renewable):
+        return drafter.fresh()
+    raise InvalidParameterError(f"cannot copy a {type(drafter).__name__} drafter")
+
+
+@runtime_checkable
 class SequenceScorer(Protocol):
     """A drafter that can give, in one teacher-forced pass, the distribution it would draft
     from after every prefix of a sequence (what ``spectune select`` needs to estimate the
@@ -80,3 +117,123 @@ class SequenceScorer(Protocol):
     ) -> Tensor:
         """[len(tokens) - 1, vocab]: row i is the draft distribution for token i + 1."""
         ...
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """One sequence's ask in a draft pass."""
+
+    row: int
+    context: Sequence[int]  # committed tokens: prompt + output so far
+    k: int  # draft tokens wanted
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+class DraftSession(Protocol):
+    """A drafter's state for the rows of a batch (row r: the sequence in the engine's row r)."""
+
+    name: str
+
+    def add(self, row: int, prompt: Sequence[int], features: TargetFeatures | None) -> None:
+        """A sequence joins at ``row`` (the row is empty)."""
+        ...
+
+    def move(self, src: int, dst: int) -> None:
+        """The sequence at ``src`` now lives at ``dst`` (``dst`` was freed)."""
+        ...
+
+    def free(self, row: int) -> None:
+        """The sequence at ``row`` left the batch."""
+        ...
+
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
+        """One draft (or a refusal saying why not) per request, in request order.
+
+        ``num_rows`` is the number of active rows (requests cover a subset of them).
+        Raising fails every request of the pass; the engine then decodes them plainly.
+        """
+        ...
+
+    def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
+        """Hear the committed context of ``row`` after a step."""
+        ...
+
+
+@runtime_checkable
+class DraftSource(Protocol):
+    """What drafts, as the batched engine needs it: weights (or a recipe for simple
+    drafters) that open a session over the rows of a batch."""
+
+    name: str
+
+    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> DraftSession:
+        """A session over ``rows`` rows of at most ``capacity`` tokens each (None: the
+        source's own limit); ``slack``: slots padding may write past a row's length."""
+        ...
+
+
+def propose_ready(
+    requests: Sequence[DraftRequest],
+    refuse: Callable[[DraftRequest], Draft | Refusal | None],
+    draft: Callable[[list[DraftRequest]], list[Draft]],
+) -> list[Draft | Refusal]:
+    """One answer per request, in order: what ``refuse`` says for a request it turns away
+    (a reason, or an empty draft), else its draft from one ``draft`` call over the rest."""
+    answers = [refuse(req) for req in requests]
+    ready = [req for req, answer in zip(requests, answers, strict=True) if answer is None]
+    drafts = iter(draft(ready) if ready else [])
+    return [next(drafts) if answer is None else answer for answer in answers]
+
+
+S = TypeVar("S", bound=DraftSession)
+
+
+class OneRow(Generic[S]):
+    """Row 0 of a one-row ``DraftSession`` driven as one sequence: the state behind a
+    learned drafter's ``Drafter`` face. The session is opened on first use; a sequence
+    joins it on its first ``commit`` (or ``propose``), and ``reset`` frees it."""
+
+    def __init__(self, open_session: Callable[[], S]) -> None:
+        self._open = open_session
+        self._session: S | None = None
+        self.joined = False
+
+    @property
+    def session(self) -> S:
+        if self._session is None:
+            self._session = self._open()
+        return self._session
+
+    def reset(self) -> None:
+        if self.joined:
+            self.session.free(0)
+        self.joined = False
+
+    def join(self, context: Sequence[int], features: TargetFeatures | None = None) -> None:
+        """The sequence joins row 0 with ``context`` as its prompt, unless it has."""
+        if not self.joined:
+            self.session.add(0, context, features)
+            self.joined = True
+
+    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
+        if self.joined:
+            self.session.commit(0, context, features)
+        else:
+            self.join(context, features)
+
+    def propose(
+        self,
+        context: Sequence[int],
+        num_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        """The session's draft for row 0; a refusal raises ``DrafterError`` (the engine
+        then decodes the request plainly, as for any failing drafter)."""
+        self.join(context)
+        request = DraftRequest(0, context, num_tokens, params, generator)
+        answer = self.session.propose([request], 1)[0]
+        if isinstance(answer, Refusal):  # the engine prefixes "drafter_error: " again
+            raise DrafterError(answer.reason.removeprefix("drafter_error: "))
+        return answer

@@ -8,33 +8,54 @@ every committed position but the pending last one. The head's output at position
 stands in for h[L - 1] and yields the first draft token; each further draft token feeds
 the head's own output back (see ``spectune.models.feature_head``).
 
+Written once, for rows (as the model drafter, ``spectune.drafters.model``):
+``FeatureDrafter`` is the source (the head, its vocabulary mapping, its name);
+``open(rows, capacity)`` gives a ``FeatureSession``, one head cache whose rows are the
+engine's rows, drafting every requesting row in one head forward per draft step.
+``FeatureDrafter``'s own ``Drafter`` methods drive a one-row session
+(``spectune.drafters.base.OneRow``), so a sequence drafts the same tokens alone or in a
+batch; the tree drafter (``spectune.drafters.feature_tree``) grows from the same row.
+
 Head cache: slot s holds position s + 1. Slots computed from the head's own outputs (draft
-positions) are never kept across proposals: the next proposal rolls the cache back to the
-slots built from real target states and recomputes from there.
+positions) are never kept across proposals: the next proposal rolls the row back to the
+slots built from real target states and recomputes from there. Rows need different
+numbers of catch-up positions (ragged): the chunk is padded after each row's real
+positions, and every row is truncated back to its own length afterwards (causal
+attention keeps real positions blind to the padding). A one-row session never pads.
+
+Random numbers: each sequence draws from its own generator in the order draft token 1,
+2, ..., k, so a sequence drafts the same tokens alone or batched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from spectune.draft import Draft
-from spectune.drafters.base import TargetFeatures
+from spectune.draft import CONTEXT_FULL, Draft, Refusal
+from spectune.drafters.base import DraftRequest, OneRow, TargetFeatures, propose_ready
 from spectune.drafters.model import choose_token, common_prefix
 from spectune.drafters.reduced import scatter_to_vocab
 from spectune.errors import DrafterError
+from spectune.models.base import KVCache
 from spectune.models.feature_head import FeatureHead
 from spectune.models.kv_cache import StaticKVCache
+from spectune.models.rows import ragged_forward, row_view
 from spectune.sampling import SamplingParams, process_logits
 
-__all__ = ["FeatureDrafter"]
+__all__ = ["FeatureDrafter", "FeatureSession"]
+
+NEEDS_STATES = "the feature drafter needs the target's hidden states"
 
 
 class FeatureDrafter:
     """Drafts a chain with an EAGLE-style head over the target's hidden states (see the
-    module docstring); ``FeatureTreeDrafter`` drafts trees with the same head."""
+    module docstring): the source of ``FeatureSession``s, and itself a one-sequence
+    ``Drafter`` over a one-row session. ``FeatureTreeDrafter`` drafts trees with the same
+    head."""
 
     def __init__(
         self,
@@ -47,60 +68,38 @@ class FeatureDrafter:
         self.vocab_subset = vocab_subset
         self.vocab_size = head.cfg.target_vocab_size
         self.name = name
-        self.cache: StaticKVCache | None = None
-        self.target_hidden: Tensor | None = None  # [capacity, hidden]
-        self.known = 0  # positions 0..known-1 have target states
-        self.slot_tokens: list[int] = []  # tokens at positions 1.. held by real-state slots
+        self.row: OneRow[FeatureSession] = OneRow(lambda: self.open(1))
+
+    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> FeatureSession:
+        """A session over ``rows`` rows of ``capacity`` tokens each (None, or more than the
+        head's context: the head's context); ``slack``: slots padding may write past a row."""
+        return FeatureSession(self, rows, capacity, slack)
+
+    def fresh(self) -> FeatureDrafter:
+        """The same head, vocabulary and name; its own (empty) per-request state."""
+        return FeatureDrafter(self.head, self.vocab_subset, name=self.name)
 
     def reset(self) -> None:
-        self.cache = None
-        self.target_hidden = None
-        self.known = 0
-        self.slot_tokens = []
+        self.row.reset()
 
-    @torch.inference_mode()
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Store the target states of the committed positions the step just verified."""
-        if features is None:
-            return
-        capacity = self.head.cfg.max_context
-        if self.target_hidden is None:
-            self.target_hidden = torch.zeros(capacity, self.head.cfg.hidden_size)
-        end = features.start + features.hidden.shape[0]
-        if end > capacity:
-            raise DrafterError(f"context of {end} tokens exceeds the head's {capacity}")
-        self.target_hidden[features.start : end] = self.head.target_input(features.hidden).float()
-        self.known = end
+        self.row.commit(context, features)
 
-    def _probs(self, probs: Tensor) -> Tensor:
-        """[num_draft_tokens] -> [vocab]: zeros outside a reduced vocabulary."""
+    def propose(
+        self,
+        context: Sequence[int],
+        num_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        return self.row.propose(context, num_tokens, params, generator)
+
+    def full_vocab(self, probs: Tensor) -> Tensor:
+        """[..., num_draft_tokens] -> [..., vocab]: zeros outside a reduced vocabulary."""
         if self.vocab_subset is None:
             return probs
         return scatter_to_vocab(probs, self.vocab_subset, self.vocab_size)
-
-    def sync(self, context: Sequence[int]) -> Tensor:
-        """Bring the head's cache to ``context`` (at least 2 tokens) from real target states
-        and return the head's output at the last position, which stands in for the target
-        state h[L - 1]: [hidden]. Afterwards the cache holds exactly the real-state slots
-        (positions 1..L-1); anything a draft appends past them is dropped by the next sync.
-        """
-        length = len(context)
-        if self.target_hidden is None or self.known < length - 1:
-            raise DrafterError("the feature drafter needs the target's hidden states")
-        if self.cache is None:
-            self.cache = self.head.new_cache(self.head.cfg.max_context)
-        cache = self.cache
-        # Keep the slots built from real states that still match the context; always
-        # recompute the last position (its output is the first draft's input).
-        keep = min(common_prefix(self.slot_tokens, context[1:]), length - 2)
-        cache.truncate(min(keep, cache.length()))
-        keep = cache.length()
-        positions = range(keep + 1, length)
-        tokens = torch.tensor([[context[p] for p in positions]])  # [1, n]
-        prev = self.target_hidden[keep : length - 1][None]  # [1, n, hidden] h[p - 1]
-        self.slot_tokens = list(context[1:length])
-        features: Tensor = self.head(tokens, prev, cache)[0, -1]
-        return features
 
     def vocab_logits(self, features: Tensor) -> Tensor:
         """features: [..., hidden] -> [..., vocab]; -inf outside a reduced vocabulary."""
@@ -112,42 +111,13 @@ class FeatureDrafter:
         return full
 
     @torch.inference_mode()
-    def propose(
-        self,
-        context: Sequence[int],
-        num_tokens: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> Draft:
-        empty = Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, self.vocab_size))
-        if num_tokens <= 0 or len(context) < 2:
-            return empty  # position 0 has no head input: nothing to draft from yet
-        # 1. Bring the head to the context (real target states only).
-        features = self.sync(context)
-        cache = self.cache
-        assert cache is not None
-
-        # 2. Draft autoregressively, feeding the head's own features back. Rows are over
-        #    the full vocabulary (zeros outside a reduced one), as a tree drafts them.
-        drafted: list[Tensor] = []
-        probs: list[Tensor] = []
-        for i in range(num_tokens):
-            row = process_logits(self.vocab_logits(features), params)  # [vocab]
-            token = choose_token(row, params, generator)
-            drafted.append(token)
-            probs.append(row)
-            if i + 1 < num_tokens:
-                features = self.head(token.view(1, 1), features.view(1, 1, -1), cache)[0, -1]
-        return Draft(torch.stack(drafted).long(), torch.stack(probs))
-
-    @torch.inference_mode()
     def score_sequence(
         self, tokens: Sequence[int], target_hidden: Tensor | None, params: SamplingParams
     ) -> Tensor:
         """[len(tokens) - 1, vocab]. Row i uses the target's real h[i - 1]: the distribution of
         a *first* draft token. Row 0 (no head input) is uniform."""
         if target_hidden is None:
-            raise DrafterError("the feature drafter needs the target's hidden states")
+            raise DrafterError(NEEDS_STATES)
         n = len(tokens) - 1
         rows = torch.full((n, self.vocab_size), 1.0 / self.vocab_size)
         if n < 2:
@@ -155,6 +125,163 @@ class FeatureDrafter:
         ids = torch.tensor([list(tokens[1:n])])  # [1, n - 1] positions 1..n-1
         prev = self.head.target_input(target_hidden[None, : n - 1].float())  # [1, n - 1, hidden]
         features = self.head(ids, prev)[0]  # [n - 1, hidden]
-        probs = process_logits(self.head.logits(features), params)
-        rows[1:] = probs if self.vocab_subset is None else self._probs(probs)
+        rows[1:] = self.full_vocab(process_logits(self.head.logits(features), params))
         return rows
+
+
+class FeatureSession:
+    """A feature head drafting every requesting row in one forward per draft step."""
+
+    def __init__(self, source: FeatureDrafter, rows: int, capacity: int | None, slack: int) -> None:
+        self.source = source
+        self.head = source.head
+        self.name = source.name
+        cfg = self.head.cfg
+        capacity = cfg.max_context if capacity is None else min(capacity, cfg.max_context)
+        self.cache = self.head.new_cache(capacity, batch_size=rows)
+        self.limit = capacity - slack  # padding writes up to ``slack`` slots past a row
+        self.slack = slack
+        # [rows, capacity, hidden]: row r's target state h[t] at [r, t]
+        self.target_hidden = torch.zeros(rows, capacity, cfg.hidden_size)
+        self.known = [0] * rows  # positions 0..known-1 have target states
+        self.slot_tokens: list[list[int]] = [[] for _ in range(rows)]
+
+    @torch.inference_mode()
+    def add(self, row: int, prompt: Sequence[int], features: TargetFeatures | None) -> None:
+        self.free(row)
+        self.commit(row, prompt, features)
+        end = len(prompt) - 1  # the last position is always recomputed by a proposal
+        if end >= 2 and self.known[row] >= end and end <= self.limit:
+            # Prefill now so later steps catch up a few positions per row, not a prompt.
+            with row_view(self.cache, row, row + 1) as view:
+                prev = self.target_hidden[row, : end - 1]  # [end - 1, hidden]
+                self.forward(torch.tensor([list(prompt[1:end])]), prev[None], view)
+            self.slot_tokens[row] = list(prompt[1:end])
+
+    @torch.inference_mode()
+    def move(self, src: int, dst: int) -> None:
+        self.cache.copy_row(src, dst)
+        self.target_hidden[dst] = self.target_hidden[src]
+        self.known[dst] = self.known[src]
+        self.slot_tokens[dst] = self.slot_tokens[src]
+        self.free(src)
+
+    def free(self, row: int) -> None:
+        self.cache.truncate(0, row)
+        self.known[row] = 0
+        self.slot_tokens[row] = []
+
+    @torch.inference_mode()
+    def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
+        """Store the target states of the committed positions the step verified."""
+        if features is None:
+            return
+        end = features.start + features.hidden.shape[0]
+        if end > self.target_hidden.shape[1]:
+            self.known[row] = min(self.known[row], features.start)
+            return  # past the head's capacity: the proposal reports the row as full
+        self.target_hidden[row, features.start : end] = self.head.target_input(
+            features.hidden
+        ).float()
+        self.known[row] = end
+
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
+        vocab = self.source.vocab_size
+
+        def refuse(req: DraftRequest) -> Draft | Refusal | None:
+            length = len(req.context)
+            if req.k <= 0 or length < 2:  # position 0 has no head input: nothing to draft from
+                return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab))
+            if length + req.k > self.limit:
+                return CONTEXT_FULL
+            if self.known[req.row] < length - 1:
+                return Refusal(f"drafter_error: {NEEDS_STATES}")
+            return None
+
+        return propose_ready(requests, refuse, lambda ready: self._draft(ready, num_rows))
+
+    def forward(
+        self,
+        tokens: Tensor,  # [rows, w]
+        prev: Tensor,  # [rows, w, hidden]
+        view: KVCache,
+        positions: Tensor | None = None,  # [rows, w]
+        chunk_mask: Tensor | None = None,  # [rows, w, w]
+    ) -> Tensor:
+        """The head over rows of its cache -> features [rows, w, hidden]."""
+        assert isinstance(view, StaticKVCache)  # the head's own cache, made above
+        features: Tensor = self.head(
+            tokens,
+            prev.to(self.head.fc.weight.dtype),
+            view,
+            positions=positions,
+            chunk_mask=chunk_mask,
+        )
+        return features
+
+    @torch.inference_mode()
+    def sync(self, contexts: dict[int, Sequence[int]], num_rows: int) -> dict[int, Tensor]:
+        """Bring each row to its context (at least 2 tokens, whose states are known) from
+        real target states; returns row -> the head output at the last position (stands in
+        for h[L - 1]) [hidden]. Afterwards a row's cache holds exactly its real-state slots
+        (positions 1..L-1); anything a draft appends past them is dropped by the next sync."""
+        pending: dict[int, tuple[int, list[int]]] = {}  # row -> (first position, tokens)
+        for row, context in contexts.items():
+            length = len(context)
+            keep = min(common_prefix(self.slot_tokens[row], context[1:]), length - 2)
+            self.cache.truncate(min(keep, self.cache.length(row)), row)
+            keep = self.cache.length(row)
+            pending[row] = (keep + 1, list(context[keep + 1 : length]))
+            self.slot_tokens[row] = list(context[1:length])
+        hidden_size = self.head.cfg.hidden_size
+        out: dict[int, Tensor] = {}
+        offset = 0
+        while len(out) < len(pending):
+            longest = max(len(toks) - offset for _, toks in pending.values())
+            width = min(self.slack, longest) if self.slack else longest
+            tokens = torch.zeros(num_rows, width, dtype=torch.long)  # [rows, width]
+            prev = torch.zeros(num_rows, width, hidden_size)  # [rows, width, hidden]
+            used = [0] * num_rows
+            for row, (first, toks) in pending.items():
+                part = toks[offset : offset + width]
+                if not part:
+                    continue
+                start = first + offset  # position of part[0]; its input state is h[start - 1]
+                tokens[row, : len(part)] = torch.tensor(part, dtype=torch.long)
+                prev[row, : len(part)] = self.target_hidden[row, start - 1 : start - 1 + len(part)]
+                used[row] = len(part)
+            head = partial(self.forward, tokens, prev)
+            features = ragged_forward(self.cache, num_rows, used, head)
+            for row, (_, toks) in pending.items():
+                if used[row] and offset + used[row] == len(toks):
+                    out[row] = features[row, used[row] - 1]
+            offset += width
+        return out
+
+    @torch.inference_mode()
+    def _draft(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft]:
+        features = self.sync({r.row: r.context for r in requests}, num_rows)
+        tokens: dict[int, list[Tensor]] = {r.row: [] for r in requests}
+        probs: dict[int, list[Tensor]] = {r.row: [] for r in requests}
+        hidden_size = self.head.cfg.hidden_size
+        for step in range(max(r.k for r in requests)):
+            for req in (r for r in requests if r.k > step):
+                row_probs = process_logits(self.source.vocab_logits(features[req.row]), req.params)
+                tokens[req.row].append(choose_token(row_probs, req.params, req.generator))
+                probs[req.row].append(row_probs)  # [vocab]
+            feeding = [r for r in requests if r.k > step + 1]
+            if not feeding:
+                break
+            chunk = torch.zeros(num_rows, 1, dtype=torch.long)  # [rows, 1]
+            fed = torch.zeros(num_rows, 1, hidden_size)  # [rows, 1, hidden]
+            used = [0] * num_rows
+            for req in feeding:
+                chunk[req.row, 0] = tokens[req.row][-1]
+                fed[req.row, 0] = features[req.row]
+                used[req.row] = 1
+            out = ragged_forward(self.cache, num_rows, used, partial(self.forward, chunk, fed))
+            for req in feeding:
+                features[req.row] = out[req.row, 0]
+        return [
+            Draft(torch.stack(tokens[r.row]).long(), torch.stack(probs[r.row])) for r in requests
+        ]

@@ -3,7 +3,7 @@
 The tree grows exactly as a model's does (``spectune.drafters.tree``); only scoring
 differs. A node's head input is its token plus the head output of its parent (the root's
 parent output is the head's estimate of the target state at the last committed position,
-``FeatureDrafter.sync``), so a node can be scored once its parent has been. One head
+``FeatureSession.sync``), so a node can be scored once its parent has been. One head
 forward scores the nodes to expand next together with their ancestors, under the same
 tree mask and positions a target uses (the head's slot s holds position s + 1, so the
 root sits at the last real-state slot).
@@ -24,8 +24,9 @@ from torch import Tensor
 
 from spectune.draft import Draft
 from spectune.drafters.base import TargetFeatures
-from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.feature import NEEDS_STATES, FeatureDrafter
 from spectune.drafters.tree import GrowingTree, TreeGrower, TreeShape, chunk_layout
+from spectune.errors import DrafterError
 from spectune.sampling import SamplingParams
 
 __all__ = ["FeatureTreeDrafter"]
@@ -63,7 +64,11 @@ class FeatureTreeDrafter(TreeGrower):
         return super().propose(context, num_tokens, params, generator)
 
     def _root_logits(self, context: Sequence[int]) -> Tensor:
-        self._root_features = self.drafter.sync(context)
+        row = self.drafter.row
+        row.join(context)
+        if row.session.known[0] < len(context) - 1:
+            raise DrafterError(NEEDS_STATES)
+        self._root_features = row.session.sync({0: context}, 1)[0]
         return self.drafter.vocab_logits(self._root_features)
 
     def _parent_features(self, tree: GrowingTree, node: int) -> Tensor:
@@ -74,14 +79,13 @@ class FeatureTreeDrafter(TreeGrower):
         return self._node_features[parent]
 
     def _score(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
-        cache = self.drafter.cache
-        assert cache is not None
-        real = len(self.drafter.slot_tokens)  # real-state slots (positions 1..L-1)
-        cache.truncate(real)
+        session = self.drafter.row.session
+        real = len(session.slot_tokens[0])  # real-state slots (positions 1..L-1)
+        session.cache.truncate(real)
         chunk, positions, mask = chunk_layout(tree, nodes, real - 1)
         tokens = torch.tensor([[tree.tokens[n] for n in chunk]])  # [1, m]
         prev = torch.stack([self._parent_features(tree, n) for n in chunk])[None]  # [1, m, h]
-        features = self.drafter.head(tokens, prev, cache, positions=positions, chunk_mask=mask)
+        features = session.forward(tokens, prev, session.cache, positions, mask)
         for i, node in enumerate(chunk):
             self._node_features[node] = features[0, i]
         tree.chunk = chunk

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spectune.draft import MAX_TREE_NODES, Draft, tree_depths
-from spectune.drafters.base import Drafter, TargetFeatures
+from spectune.drafters.base import Drafter, TargetFeatures, fresh_drafter
 from spectune.drafters.suffix import SuffixDrafter
 from spectune.drafters.suffix_index import breadth_first
 from spectune.errors import InvalidParameterError
@@ -267,6 +267,10 @@ class HybridDrafter:
         self.draft_cost = draft_cost  # a fixed c (None: measured)
         self.clock = clock
         self._pending: _Pending | None = None
+
+    def fresh(self) -> HybridDrafter:
+        """A copy for a new request: fresh copies of both sources, this one's statistics."""
+        return self.with_sources(self.suffix.fresh(), fresh_drafter(self.model))
 
     def with_sources(
         self,

@@ -1,19 +1,42 @@
-"""Model drafter: a small LM with its own KV cache proposes tokens autoregressively."""
+"""Model drafter: a small LM with its own KV cache proposes tokens autoregressively.
+
+Written once, for rows. ``ModelDrafter`` is the source (the draft model, its vocabulary
+mapping, its name); ``open(rows, capacity)`` gives a ``ModelSession``, one batched cache
+whose rows are the engine's rows. Per row a session keeps the longest prefix shared with
+the committed context (a rejection rolls the row back to it), ingests the rest, and samples
+k tokens, the k-th not ingested (if it is accepted it is ingested at the start of the next
+proposal, together with the target's bonus token). ``ModelDrafter``'s own ``Drafter``
+methods drive a one-row session (``spectune.drafters.base.OneRow``), so a sequence drafts
+the same tokens alone or in a batch; the tree drafter (``spectune.drafters.tree``) keeps its
+cache in step through a one-row session too.
+
+Ragged rows: rows need different numbers of tokens, so a chunk is padded after each row's
+real tokens and every row is truncated back to its own length afterwards. Causal
+attention keeps real tokens blind to the padding after them, and truncation forgets it.
+A one-row session never pads.
+
+Random numbers: each sequence draws from its own generator, in the order draft token 1,
+2, ..., k, so batching never changes what a sequence samples.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from spectune.draft import Draft
-from spectune.drafters.base import TargetFeatures
+from spectune.draft import CONTEXT_FULL, Draft, Refusal
+from spectune.drafters.base import DraftRequest, OneRow, TargetFeatures, propose_ready
 from spectune.drafters.reduced import scatter_to_vocab
-from spectune.models.base import KVCache, LanguageModel
+from spectune.errors import InvalidParameterError
+from spectune.models.base import LanguageModel
+from spectune.models.kv_cache import StaticKVCache
+from spectune.models.rows import forward_row, ragged_forward
 from spectune.sampling import SamplingParams, process_logits, sample_from
 
-__all__ = ["ModelDrafter", "SyncedModelCache", "choose_token"]
+__all__ = ["ModelDrafter", "ModelSession", "choose_token", "common_prefix"]
 
 
 def choose_token(
@@ -31,47 +54,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-class SyncedModelCache:
-    """A draft model's KV cache kept in step with the committed context.
-
-    ``ingested`` lists the tokens the cache holds. ``sync`` keeps the longest prefix shared
-    with the context (a rejection rolls the cache back to it) and runs the rest forward in
-    one chunk. Shared by the chain and tree drafters.
-    """
-
-    model: LanguageModel
-    cache: KVCache | None
-    ingested: list[int]
-
-    def reset(self) -> None:
-        self.cache = None
-        self.ingested = []
-
-    def _cache(self) -> KVCache:
-        if self.cache is None:
-            self.cache = self.model.new_cache()
-        return self.cache
-
-    def _sync(self, context: Sequence[int]) -> Tensor:
-        """Bring the cache to ``context`` and return the logits for the next token. [vocab]"""
-        cache = self._cache()
-        keep = common_prefix(self.ingested, context)
-        if keep == len(context):
-            keep -= 1  # re-run the last token: its logits are needed again
-        cache.truncate(keep)
-        pending = list(context[keep:])
-        self.ingested = list(context)
-        out = self.model.forward(torch.tensor([pending]), cache)
-        return out.logits[0, -1]
-
-
-class ModelDrafter(SyncedModelCache):
-    """Drafts with a ``LanguageModel``.
-
-    On each proposal it syncs its cache to the committed context, then samples ``k``
-    tokens. The k-th token is sampled but not ingested; if it is accepted it is ingested
-    at the start of the next proposal, together with the target's bonus token.
-    """
+class ModelDrafter:
+    """Drafts with a ``LanguageModel`` (see the module docstring): the source of
+    ``ModelSession``s, and itself a one-sequence ``Drafter`` over a one-row session."""
 
     def __init__(
         self,
@@ -85,8 +70,19 @@ class ModelDrafter(SyncedModelCache):
         self.model = model
         self.vocab_subset = vocab_subset
         self.name = name or f"model:{model.info.name}"
-        self.cache = None
-        self.ingested = []
+        self.row: OneRow[ModelSession] = OneRow(lambda: self.open(1))
+
+    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> ModelSession:
+        """A session over ``rows`` rows of ``capacity`` tokens each (None: the model's
+        context); ``slack``: slots padding may write past a row (0 for one row)."""
+        return ModelSession(self, rows, capacity, slack)
+
+    def fresh(self) -> ModelDrafter:
+        """The same model, vocabulary and name; its own (empty) per-request state."""
+        return ModelDrafter(self.model, name=self.name, vocab_subset=self.vocab_subset)
+
+    def reset(self) -> None:
+        self.row.reset()
 
     def propose(
         self,
@@ -95,31 +91,11 @@ class ModelDrafter(SyncedModelCache):
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        if num_tokens <= 0:
-            return Draft(
-                torch.zeros(0, dtype=torch.long), torch.zeros(0, self.model.info.vocab_size)
-            )
-        logits = self._sync(context)
-        tokens: list[Tensor] = []
-        probs: list[Tensor] = []
-        for i in range(num_tokens):
-            row = process_logits(logits, params)  # [vocab] or [num_draft_tokens]
-            choice = choose_token(row, params, generator)
-            token = choice if self.vocab_subset is None else self.vocab_subset[choice]
-            tokens.append(token)
-            probs.append(
-                row
-                if self.vocab_subset is None
-                else scatter_to_vocab(row, self.vocab_subset, self.model.info.vocab_size)
-            )
-            if i + 1 < num_tokens:
-                out = self.model.forward(token.view(1, 1), self._cache())
-                self.ingested.append(int(token))
-                logits = out.logits[0, -1]
-        return Draft(torch.stack(tokens), torch.stack(probs))
+        return self.row.propose(context, num_tokens, params, generator)
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Nothing to do eagerly: the next ``propose`` syncs the cache to ``context``."""
+        self.row.commit(context, features)
 
     @torch.inference_mode()
     def score_sequence(
@@ -128,7 +104,123 @@ class ModelDrafter(SyncedModelCache):
         """One causal pass over ``tokens[:-1]``: [len(tokens) - 1, vocab] draft distributions."""
         cache = self.model.new_cache(capacity=len(tokens))
         logits = self.model.forward(torch.tensor([list(tokens[:-1])]), cache).logits[0]
-        probs = process_logits(logits, params)
+        return self.full_vocab(process_logits(logits, params))
+
+    def full_vocab(self, probs: Tensor) -> Tensor:
+        """[..., num_draft_tokens] -> [..., vocab]: zeros outside a reduced vocabulary."""
         if self.vocab_subset is None:
             return probs
         return scatter_to_vocab(probs, self.vocab_subset, self.model.info.vocab_size)
+
+
+class ModelSession:
+    """A draft model drafting every requesting row in one forward per draft step."""
+
+    def __init__(self, source: ModelDrafter, rows: int, capacity: int | None, slack: int) -> None:
+        model = source.model
+        self.source = source
+        self.model = model
+        self.name = source.name
+        try:
+            self.cache = model.new_cache(batch_size=rows, capacity=capacity)
+        except ValueError as exc:
+            raise InvalidParameterError(
+                f"the draft model cannot decode a batch of {rows}: {exc}"
+            ) from exc
+        # Padding may write up to ``slack`` slots past a row's own length; one row never
+        # pads, and its last draft token is never ingested.
+        self.limit = self.cache.capacity - slack if slack else self.cache.capacity + 1
+        self.slack = slack
+        self.ingested: list[list[int]] = [[] for _ in range(rows)]
+        self.pad = model.info.pad_token_id or 0
+
+    def add(self, row: int, prompt: Sequence[int], features: TargetFeatures | None) -> None:
+        self.free(row)
+        if len(prompt) > 1 and len(prompt) - 1 <= self.limit:
+            # Prefill now so later steps ingest a few tokens per row, not a whole prompt.
+            forward_row(self.model, self.cache, row, torch.tensor([list(prompt[:-1])]))
+            self.ingested[row] = list(prompt[:-1])
+
+    def move(self, src: int, dst: int) -> None:
+        if isinstance(self.cache, StaticKVCache):
+            self.cache.copy_row(src, dst)
+        self.ingested[dst], self.ingested[src] = self.ingested[src], []
+        self.cache.truncate(0, src)
+
+    def free(self, row: int) -> None:
+        self.cache.truncate(0, row)
+        self.ingested[row] = []
+
+    def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
+        """Nothing to do eagerly: the next ``propose`` syncs the row to ``context``."""
+
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
+        vocab = self.model.info.vocab_size
+
+        def refuse(req: DraftRequest) -> Draft | Refusal | None:
+            if req.k <= 0:
+                return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab))
+            return CONTEXT_FULL if len(req.context) + req.k > self.limit else None
+
+        return propose_ready(requests, refuse, lambda ready: self._draft(ready, num_rows))
+
+    def sync(self, contexts: dict[int, Sequence[int]], num_rows: int) -> dict[int, Tensor]:
+        """Bring each row to its context; returns row -> next-token logits [vocab].
+
+        Rows ingest ragged numbers of tokens, at most ``slack`` per forward when padding
+        has only that much room (so it never runs past the cache's capacity).
+        """
+        pending: dict[int, list[int]] = {}
+        for row, context in contexts.items():
+            keep = common_prefix(self.ingested[row], context)
+            if keep == len(context):
+                keep -= 1  # re-run the last token: its logits are needed again
+            self.cache.truncate(keep, row)
+            pending[row] = list(context[keep:])
+            self.ingested[row] = list(context)
+        logits: dict[int, Tensor] = {}
+        offset = 0
+        while len(logits) < len(pending):
+            longest = max(len(p) - offset for p in pending.values())
+            width = min(self.slack, longest) if self.slack else longest
+            tokens = torch.full((num_rows, width), self.pad, dtype=torch.long)  # [rows, width]
+            used = [0] * num_rows
+            for row, toks in pending.items():
+                part = toks[offset : offset + width]
+                tokens[row, : len(part)] = torch.tensor(part, dtype=torch.long)
+                used[row] = len(part)
+            out = ragged_forward(self.cache, num_rows, used, partial(self.model.forward, tokens))
+            for row, toks in pending.items():
+                if used[row] and offset + used[row] == len(toks):
+                    logits[row] = out.logits[row, used[row] - 1]
+            offset += width
+        return logits
+
+    def _draft(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft]:
+        logits = self.sync({r.row: r.context for r in requests}, num_rows)
+        subset = self.source.vocab_subset
+        tokens: dict[int, list[Tensor]] = {r.row: [] for r in requests}
+        probs: dict[int, list[Tensor]] = {r.row: [] for r in requests}
+        max_k = max(r.k for r in requests)
+        for step in range(max_k):
+            drafting = [r for r in requests if r.k > step]
+            for req in drafting:
+                row_probs = process_logits(logits[req.row], req.params)  # [draft vocab]
+                choice = choose_token(row_probs, req.params, req.generator)
+                tokens[req.row].append(choice if subset is None else subset[choice])
+                probs[req.row].append(self.source.full_vocab(row_probs))  # [vocab]
+            # Ingest token step + 1 where another token is wanted after it (the last draft
+            # token is ingested at the next sync, if it was accepted).
+            feeding = [r for r in requests if r.k > step + 1]
+            if not feeding:
+                break
+            chunk = torch.full((num_rows, 1), self.pad, dtype=torch.long)  # [rows, 1]
+            used = [0] * num_rows
+            for req in feeding:
+                chunk[req.row, 0] = tokens[req.row][-1]
+                used[req.row] = 1
+            out = ragged_forward(self.cache, num_rows, used, partial(self.model.forward, chunk))
+            for req in feeding:
+                self.ingested[req.row].append(int(tokens[req.row][-1]))
+                logits[req.row] = out.logits[req.row, 0]
+        return [Draft(torch.stack(tokens[r.row]), torch.stack(probs[r.row])) for r in requests]

@@ -28,6 +28,10 @@ class NgramDrafter:
         self.min_ngram = min_ngram
         self.name = "ngram"
 
+    def fresh(self) -> NgramDrafter:
+        """A copy with the same n-gram sizes (it keeps no state anyway)."""
+        return NgramDrafter(max_ngram=self.max_ngram, min_ngram=self.min_ngram)
+
     def reset(self) -> None:
         """Stateless: every proposal searches the context afresh."""
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from spectune.drafters.base import Drafter
+from spectune.drafters.base import Drafter, fresh_drafter
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.feature_tree import FeatureTreeDrafter
 from spectune.drafters.hybrid import HybridDrafter, SourceStats
@@ -378,22 +378,6 @@ def tree_drafter_for(drafter: Drafter | None, target: LanguageModel, shape: Tree
     raise InvalidParameterError(
         "token trees need a draft model, a feature-head draft, or suffix drafting"
     )
-
-
-def fresh_drafter(drafter: Drafter) -> Drafter:
-    """A drafter with the same weights and its own (empty) per-request state: model and
-    feature drafters share their model or head, an n-gram drafter is new."""
-    if isinstance(drafter, ModelDrafter):
-        return ModelDrafter(drafter.model, name=drafter.name, vocab_subset=drafter.vocab_subset)
-    if isinstance(drafter, FeatureDrafter):
-        return FeatureDrafter(drafter.head, drafter.vocab_subset, name=drafter.name)
-    if isinstance(drafter, NgramDrafter):
-        return NgramDrafter()
-    if isinstance(drafter, SuffixDrafter):
-        return drafter.fresh()
-    if isinstance(drafter, HybridDrafter):
-        return drafter.with_sources(drafter.suffix.fresh(), fresh_drafter(drafter.model))
-    raise InvalidParameterError(f"cannot copy a {type(drafter).__name__} drafter")
 
 
 def drafter_summary(drafter: Drafter | None) -> str:

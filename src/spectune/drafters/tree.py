@@ -38,8 +38,8 @@ import torch
 from torch import Tensor
 
 from spectune.draft import MAX_TREE_NODES, Draft, tree_layout
-from spectune.drafters.base import TargetFeatures
-from spectune.drafters.model import SyncedModelCache
+from spectune.drafters.base import OneRow, TargetFeatures
+from spectune.drafters.model import ModelDrafter, ModelSession
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams, process_logits, sample_from
@@ -259,8 +259,9 @@ class TreeGrower(ABC):
         return drawn
 
 
-class TreeDrafter(SyncedModelCache, TreeGrower):
-    """Drafts a token tree with a draft model (see the module docstring)."""
+class TreeDrafter(TreeGrower):
+    """Drafts a token tree with a draft model (see the module docstring); its cache is kept
+    in step with the context by a one-row ``ModelSession``, as the chain drafter's is."""
 
     def __init__(
         self, model: LanguageModel, shape: TreeShape | None = None, *, name: str | None = None
@@ -269,21 +270,21 @@ class TreeDrafter(SyncedModelCache, TreeGrower):
         self.shape = shape or TreeShape()
         self.vocab_size = model.info.vocab_size
         self.name = name or f"tree:{model.info.name}:w{self.shape.width}n{self.shape.nodes}"
-        self.cache = None
-        self.ingested = []
+        self.row: OneRow[ModelSession] = OneRow(lambda: ModelDrafter(model).open(1))
         self._last = None
 
     def reset(self) -> None:
-        super().reset()
+        self.row.reset()
         self._last = None
 
     def _root_logits(self, context: Sequence[int]) -> Tensor:
-        return self._sync(context)
+        self.row.join(context)
+        return self.row.session.sync({0: context}, 1)[0]
 
     def _score(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
         """One forward over ``nodes`` and their ancestors under the tree mask."""
         chunk, positions, mask = chunk_layout(tree, nodes, tree.prefix - 1)
-        cache = self._cache()
+        cache = self.row.session.cache
         cache.truncate(tree.prefix)
         out = self.model.forward(
             torch.tensor([[tree.tokens[n] for n in chunk]]),
@@ -297,11 +298,10 @@ class TreeDrafter(SyncedModelCache, TreeGrower):
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Compact the accepted path's draft entries from the last forward into place."""
         last, self._last = self._last, None
-        if (
-            last is None
-            or self.cache is None
-            or self.ingested[: last.prefix] != list(context[: last.prefix])
-        ):
+        if not self.row.joined:
+            self.row.join(context, features)
+        session = self.row.session
+        if last is None or session.ingested[0][: last.prefix] != list(context[: last.prefix]):
             return
         slot_of = {node: last.prefix + i for i, node in enumerate(last.chunk)}
         current, slots = -1, []
@@ -318,9 +318,10 @@ class TreeDrafter(SyncedModelCache, TreeGrower):
                 break
             slots.append(slot_of[child])
             current = child
+        cache = session.cache
         if not slots:
-            self.cache.truncate(min(self.cache.length(), last.prefix))
+            cache.truncate(min(cache.length(), last.prefix))
             return
-        self.cache.move_slots(0, torch.tensor(slots, dtype=torch.long), last.prefix)
-        self.cache.truncate(last.prefix + len(slots))
-        self.ingested = list(context[: last.prefix + len(slots)])
+        cache.move_slots(0, torch.tensor(slots, dtype=torch.long), last.prefix)
+        cache.truncate(last.prefix + len(slots))
+        session.ingested[0] = list(context[: last.prefix + len(slots)])

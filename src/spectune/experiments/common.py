@@ -18,7 +18,8 @@ from torch import Tensor
 
 from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
-from spectune.drafters.base import Drafter
+from spectune.drafters.base import Drafter, DraftSource
+from spectune.drafters.batched import PerRow
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.pairing import fresh_drafter, load_drafter, load_target
@@ -61,14 +62,14 @@ class Setup:
         """A drafter with the draft's weights and its own (empty) state."""
         return fresh_drafter(self.draft)
 
-    def batch_draft(self) -> LanguageModel | FeatureDrafter | Callable[[], Drafter]:
+    def batch_draft(self) -> DraftSource:
         """What ``BatchEngine`` takes: the draft model or feature drafter itself (batched
-        drafting), or a factory of per-sequence drafters."""
+        drafting), or per-sequence drafters (``PerRow``)."""
         if isinstance(self.draft, ModelDrafter) and self.draft.vocab_subset is None:
-            return self.draft.model
+            return ModelDrafter(self.draft.model)
         if isinstance(self.draft, FeatureDrafter):
             return self.draft
-        return self.fresh_drafter
+        return PerRow(self.fresh_drafter)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Rows of a batched KV cache as caches of their own, and forwards over some of its rows.
 
 The batched engine (``spectune.decode.batch``) and the batched drafters
-(``spectune.drafters.batched``, ``spectune.drafters.batched_feature``) forward the active
+(``spectune.drafters.model``, ``spectune.drafters.feature``) forward the active
 rows, one joining row, or ragged chunks padded per row through these.
 """
 

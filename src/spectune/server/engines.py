@@ -14,7 +14,9 @@ from spectune.control.base import KPolicy
 from spectune.control.crossover import load_crossover
 from spectune.decode.batch import BatchEngine
 from spectune.decode.sequential import SequentialBatchEngine
+from spectune.drafters import base as drafting
 from spectune.drafters.base import Drafter
+from spectune.drafters.batched import PerRow
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
@@ -76,13 +78,14 @@ class DraftSource:
             return NgramDrafter
         return self.drafters
 
-    def for_batch(self) -> LanguageModel | FeatureDrafter | str | Callable[[], Drafter] | None:
-        """The ``draft`` argument of ``BatchEngine``."""
+    def for_batch(self) -> drafting.DraftSource | None:
+        """The ``draft`` argument of ``BatchEngine``: what opens a session over its rows."""
         if self.model is not None:
-            return self.model
+            return ModelDrafter(self.model)
         if self.feature is not None:
             return self.feature
-        return "ngram" if self.ngram else self.drafters
+        factory = self.factory()
+        return None if factory is None else PerRow(factory)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,9 @@ verification of a long chain, and ``draft`` the dispatch a decoding step calls.
 from spectune.verify.chain import VerifyResult, verify_greedy, verify_sampled
 from spectune.verify.draft import verify_draft
 from spectune.verify.grouped import verify_in_groups
-from spectune.verify.tree import TreeVerifyResult, verify_tree_greedy, verify_tree_sampled
+from spectune.verify.tree import verify_tree_greedy, verify_tree_sampled
 
 __all__ = [
-    "TreeVerifyResult",
     "VerifyResult",
     "verify_draft",
     "verify_greedy",

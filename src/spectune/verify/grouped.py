@@ -12,26 +12,31 @@ draft that fails early never pays the target for its tail:
 The same k + 1 tokens are forwarded in total when nothing is rejected, split over m
 passes; each pass pays the forward's fixed cost (on a CPU, reading all weights once), so
 chunking pays only where the verification-cost curve rises steeply with the chunk length
-(``chunked_pays``).
+(``spectune.control.chunking.chunked_pays``).
 
-Exactness: the emitted tokens are those of ``verify.verify_sampled`` / ``verify_greedy``
-for the same target distributions and random numbers. The random-number order is the
-one-pass order: all k acceptance uniforms are drawn first (before the first group is
-verified, even if a rejection leaves some unused), then one uniform for the recovered or
-bonus token; each token's test uses its own uniform, compared in the same fp32 arithmetic.
+Exactness: each group is verified by the chain verifier's own group step
+(``spectune.verify.chain.verify_group_greedy`` / ``verify_group_sampled``), so the emitted
+tokens are those of one pass for the same target distributions and random numbers. The
+random-number order is the one-pass order: all k acceptance uniforms are drawn first
+(before the first group is verified, even if a rejection leaves some unused), then one
+uniform for the recovered or bonus token; each token's test uses its own uniform.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from spectune.control.chunking import group_bounds
-from spectune.sampling import SamplingParams, process_logits, sample_from
-from spectune.verify.chain import VerifyResult
+from spectune.sampling import SamplingParams
+from spectune.verify.chain import (
+    VerifyResult,
+    target_distribution,
+    verify_group_greedy,
+    verify_group_sampled,
+)
 
 __all__ = ["verify_in_groups"]
 
@@ -44,62 +49,25 @@ def verify_in_groups(
     params: SamplingParams,
     generator: torch.Generator | None,
 ) -> VerifyResult:
-    """Verify group by group; ``score`` runs the target forward for rows [start, end) (it is
-    called with consecutive ranges, so it can append to a cache)."""
+    """Verify group by group (one group: one pass); ``score`` runs the target forward for
+    chunk rows [start, end) and returns their raw logits (it is called with consecutive
+    ranges, so it can append to a cache)."""
     k = draft_tokens.shape[0]
     bounds = group_bounds(k, groups) if k else [0]
     uniforms = None if params.greedy else torch.rand(k, generator=generator)  # one-pass order
     tokens = draft_tokens.tolist()
     start = 0
     for j, end in enumerate(bounds):
-        last_group = j == len(bounds) - 1
-        logits = score(start, end + 1 if last_group else end)  # [rows, vocab]
-        if params.greedy:
-            target_argmax = logits.argmax(-1).tolist()
-            for i in range(start, end):
-                if tokens[i] != target_argmax[i - start]:
-                    return VerifyResult(i, (*tokens[:i], target_argmax[i - start]), False)
-            if last_group:
-                return VerifyResult(k, (*tokens, target_argmax[k - start]), True)
+        last = j == len(bounds) - 1
+        logits = score(start, end + 1 if last else end)  # [rows, vocab]
+        if uniforms is None:
+            result = verify_group_greedy(tokens, logits.argmax(-1).tolist(), start, end, last)
         else:
-            assert uniforms is not None
-            target_probs = process_logits(logits, params)  # [rows, vocab]
-            if not math.isfinite(float(target_probs.sum())):
-                raise FloatingPointError("the target produced non-finite probabilities")
-            rows = torch.arange(end - start)
-            group_tokens = draft_tokens[start:end]
-            target_at = target_probs[rows, group_tokens]  # [group]
-            draft_at = (
-                torch.ones(end - start)
-                if draft_probs is None
-                else draft_probs[start:end][rows, group_tokens]
+            target_probs = target_distribution(logits, params)  # [rows, vocab]
+            result = verify_group_sampled(
+                draft_tokens, draft_probs, target_probs, uniforms, start, end, last, generator
             )
-            passed = (uniforms[start:end] * draft_at < target_at).tolist()
-            for offset, ok in enumerate(passed):
-                if not ok:
-                    i = start + offset
-                    residual = _residual(target_probs[offset], draft_probs, draft_tokens, i)
-                    last = int(sample_from(residual, generator))
-                    return VerifyResult(i, (*tokens[:i], last), False)
-            if last_group:
-                bonus = int(sample_from(target_probs[k - start], generator))
-                return VerifyResult(k, (*tokens, bonus), True)
+        if result is not None:
+            return result
         start = end
     raise AssertionError("unreachable: the last group always returns")
-
-
-def _residual(
-    target_row: Tensor,  # [vocab]
-    draft_probs: Tensor | None,  # [k, vocab]
-    draft_tokens: Tensor,  # [k]
-    i: int,
-) -> Tensor:
-    """The recovered token's distribution, computed exactly as ``verify_sampled`` does."""
-    if draft_probs is None:
-        residual = target_row.clone()
-        residual[draft_tokens[i]] = 0.0
-    else:
-        residual = (target_row - draft_probs[i]).clamp_min(0.0)
-    if not residual.sum() > 0:
-        residual = target_row
-    return residual

@@ -41,8 +41,10 @@ in the order they were drawn. Drafters without probabilities (n-gram, greedy top
 lists) count as one-hot proposals: x_j is accepted with probability p_j(x_j), and the
 residual is p_j with x_j removed; deterministic candidates are exact too.
 
-With one child per node this is exactly ``verify.verify_sampled`` (the same arithmetic
-and the same random numbers), so a width-1 tree is chain speculation.
+With one child per node this is exactly ``spectune.verify.chain.verify_sampled``: the same
+acceptance test, residual and recovery (``passes``, ``residual``, ``recovered_from``, written
+once in ``spectune.verify.chain``) and the same random numbers, so a width-1 tree is chain
+speculation.
 
 Random numbers, in order: one uniform per node in node order (drawn together; a node
 never reached leaves its uniform unused, so consumption depends only on the tree's
@@ -51,26 +53,13 @@ size), then one uniform for the recovered or bonus token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from spectune.sampling import sample_from
-from spectune.verify.chain import VerifyResult
+from spectune.verify.chain import VerifyResult, passes, recovered_from, residual
 
-__all__ = ["TreeVerifyResult", "verify_tree_greedy", "verify_tree_sampled"]
-
-
-@dataclass(frozen=True)
-class TreeVerifyResult(VerifyResult):
-    """``num_accepted``: nodes kept; ``bonus``: the path ended at an accepted leaf."""
-
-    tree_path: tuple[int, ...]  # chunk indices (node index + 1) of the accepted nodes
-
-    @property
-    def path(self) -> tuple[int, ...]:
-        return self.tree_path
+__all__ = ["verify_tree_greedy", "verify_tree_sampled"]
 
 
 def _children(parents: list[int]) -> list[list[int]]:
@@ -85,7 +74,7 @@ def verify_tree_greedy(
     tokens: Tensor,  # [n] int64, the nodes' tokens
     parents: Tensor,  # [n] int64
     target_logits: Tensor,  # [n + 1, vocab], row 0 = the root
-) -> TreeVerifyResult:
+) -> VerifyResult:
     target_argmax = target_logits.argmax(-1).tolist()  # [n + 1]
     node_tokens = tokens.tolist()
     children = _children(parents.tolist())
@@ -99,7 +88,7 @@ def verify_tree_greedy(
         path.append(match)
         current = match
     emitted = [node_tokens[c - 1] for c in path] + [target_argmax[current]]
-    return TreeVerifyResult(len(path), tuple(emitted), not children[current], tuple(path))
+    return VerifyResult(len(path), tuple(emitted), not children[current], tuple(path))
 
 
 def verify_tree_sampled(
@@ -108,7 +97,7 @@ def verify_tree_sampled(
     draft_probs: Tensor | None,  # [n, vocab]: row i = q at node i's parent; None = one-hot
     target_probs: Tensor,  # [n + 1, vocab] fp32, already processed
     generator: torch.Generator | None,
-) -> TreeVerifyResult:
+) -> VerifyResult:
     n = tokens.shape[0]
     node_tokens = tokens.tolist()
     children = _children(parents.tolist())
@@ -124,40 +113,30 @@ def verify_tree_sampled(
             break
         accepted_child: int | None = None
         draft_row: Tensor | None = None if draft_probs is None else draft_probs[kids[0] - 1]
-        residual = target_row
+        left = target_row  # p_j: the target row less the siblings rejected so far
         for j, child in enumerate(kids):
             token = node_tokens[child - 1]
             draft_at = one if draft_row is None else draft_row[token]
-            # u < p_j / q_j written without the division (a zero q_j makes no NaN), in
-            # fp32 tensors like the chain verifier so a chain decides identically.
-            if bool(uniforms[child - 1] * draft_at < residual[token]):
+            if bool(passes(uniforms[child - 1], draft_at, left[token])):  # u < p_j / q_j
                 accepted_child = child
                 break
-            if draft_row is None:  # one-hot proposal: the residual is p_j without x_j
-                residual = residual.clone()
-                residual[token] = 0.0
-            else:
-                residual = (residual - draft_row).clamp_min(0.0)
+            left = residual(left, draft_row, token)  # p_j - q_j (one-hot: p_j without x_j)
             if j + 1 < len(kids):
                 # The next sibling's stage needs p_{j+1} and q_{j+1} normalised; the last
                 # residual is sampled as is (``sample_from`` scales by its mass), exactly
                 # as the chain verifier does.
-                residual = _normalised(residual, target_row)
+                left = _normalised(left, target_row)
                 if draft_row is not None:
                     draft_row = draft_row.clone()
                     draft_row[token] = 0.0
                     draft_row = _normalised(draft_row, draft_row)
         if accepted_child is None:
-            if not residual.sum() > 0:
-                # Only reachable through rounding when p_j == q_j (rejection then has
-                # probability ~0); the node's target row is the correct limit.
-                residual = target_row
-            last = sample_from(residual, generator)
+            last = sample_from(recovered_from(left, target_row), generator)
             break
         path.append(accepted_child)
         current = accepted_child
     emitted = [node_tokens[c - 1] for c in path] + [int(last)]
-    return TreeVerifyResult(len(path), tuple(emitted), not children[current], tuple(path))
+    return VerifyResult(len(path), tuple(emitted), not children[current], tuple(path))
 
 
 def _normalised(row: Tensor, fallback: Tensor) -> Tensor:

@@ -1,0 +1,60 @@
+"""A learned drafter is written once, for rows: its one-sequence face is a one-row session
+(``spectune.drafters.base.OneRow``), and a row of a batched session drafts what the
+drafter drafts alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectune.decode.step import CHUNK_SLACK
+from spectune.draft import Draft
+from spectune.drafters.base import DraftRequest, OneRow
+from spectune.drafters.model import ModelDrafter
+from spectune.errors import DrafterError
+from spectune.models.llama import LlamaLM
+from spectune.sampling import SamplingParams
+
+CONTEXTS = [[1, 5, 9, 13, 7], [2, 3], [4, 8, 15, 16, 23, 42, 11, 9]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_row_of_a_batched_session_drafts_what_the_drafter_drafts_alone(
+    toy_draft: LlamaLM, temperature: float
+) -> None:
+    params = SamplingParams(temperature=temperature)
+    session = ModelDrafter(toy_draft).open(len(CONTEXTS), 64 + CHUNK_SLACK, CHUNK_SLACK)
+    for row, context in enumerate(CONTEXTS):
+        session.add(row, context, None)
+    requests = [
+        DraftRequest(row, context, 2 + row, params, torch.Generator().manual_seed(row))
+        for row, context in enumerate(CONTEXTS)
+    ]
+    batched = session.propose(requests, len(CONTEXTS))
+    for row, context in enumerate(CONTEXTS):
+        alone = ModelDrafter(toy_draft)
+        alone.reset()
+        alone.commit(context, None)
+        draft = alone.propose(context, 2 + row, params, torch.Generator().manual_seed(row))
+        got = batched[row]
+        assert isinstance(got, Draft)
+        assert got.tokens.tolist() == draft.tokens.tolist(), row
+        assert got.probs is not None and draft.probs is not None
+        torch.testing.assert_close(got.probs, draft.probs, atol=1e-5, rtol=1e-4)
+
+
+def test_one_row_refusals_are_drafter_errors_and_k_zero_is_empty(toy_draft: LlamaLM) -> None:
+    drafter = ModelDrafter(toy_draft)
+    empty = drafter.propose([1, 2, 3], 0, SamplingParams(), None)
+    assert empty.tokens.shape == (0,)
+    assert empty.probs is not None and empty.probs.shape == (0, toy_draft.info.vocab_size)
+    # A one-row session of 8 slots: a context of 8 and 2 draft tokens do not fit.
+    row = OneRow(lambda: drafter.open(1, capacity=8))
+    with pytest.raises(DrafterError, match="draft_context_full"):
+        row.propose(list(range(1, 9)), 2, SamplingParams(), None)
+    # Proposing before any commit joins the row with the context (what a fresh drafter does).
+    fresh = ModelDrafter(toy_draft)
+    draft = fresh.propose([1, 5, 9], 2, SamplingParams(), None)
+    assert len(draft) == 2 and fresh.row.joined
+    fresh.reset()
+    assert not fresh.row.joined and fresh.row.session.cache.length() == 0
