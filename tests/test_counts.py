@@ -1,0 +1,74 @@
+"""``SpecCounts``: the one set of counters, and the rates derived from it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from spectune.control.replay import fake_record
+from spectune.records import SpecCounts, ratio
+
+
+def test_counts_add_up_records_and_derive_rates() -> None:
+    records = [
+        fake_record(4, 4, draft_time=0.1, target_time=0.3),  # 4 of 4, emits 5
+        fake_record(4, 1, draft_time=0.1, target_time=0.3, fallback="local: low"),  # 1 of 4
+        fake_record(2, 0, drafted=0, target_time=0.1, emitted=1),  # nothing drafted
+    ]
+    counts = SpecCounts.of(records)
+    assert (counts.steps, counts.draft_tokens, counts.positions) == (3, 8, 8)
+    assert (counts.accepted, counts.emitted, counts.rejections) == (5, 8, 1)
+    assert counts.fallback_steps == 1
+    assert counts.acceptance_rate == pytest.approx(5 / 8)
+    assert counts.accepted_length == pytest.approx((5 + 3) / 3)
+    assert counts.tokens_per_step == pytest.approx(8 / 3)
+    assert counts.draft_share == pytest.approx(0.2 / 0.9)
+    assert counts.tokens_per_second == pytest.approx(8 / 0.9)
+    assert counts.fallback_frequency == pytest.approx(1 / 3)
+    assert counts.tested_at == [2, 2, 2, 2]
+    assert counts.accepted_at == [2, 1, 1, 1]
+    assert counts.acceptance_by_position == (1.0, 0.5, 0.5, 0.5)
+
+
+def test_a_tree_step_counts_nodes_and_positions_apart() -> None:
+    tree = dataclasses.replace(fake_record(3, 2, drafted=8), tree_depth=3)
+    counts = SpecCounts.of([tree])
+    assert (counts.draft_tokens, counts.positions, counts.accepted) == (8, 3, 2)
+    assert counts.acceptance_rate == pytest.approx(2 / 3)  # not 2 / 8: at most 3 can be kept
+    assert counts.rejections == 1 and counts.tested_at == [1, 1, 1]
+
+
+def test_merge_equals_counting_both_streams() -> None:
+    first = [fake_record(2, 2), fake_record(6, 3, draft_time=0.2)]
+    second = [fake_record(4, 0, fallback="cost: slow"), fake_record(1, 1)]
+    merged = SpecCounts.of(first)
+    merged.merge(SpecCounts.of(second))
+    both = SpecCounts.of(first + second)
+    times = ("draft_time", "target_time", "step_time")  # summed in another order
+    for name in times:
+        assert getattr(merged, name) == pytest.approx(getattr(both, name))
+    untimed = dataclasses.replace(merged, draft_time=0.0, target_time=0.0, step_time=0.0)
+    assert untimed == dataclasses.replace(both, draft_time=0.0, target_time=0.0, step_time=0.0)
+    short = SpecCounts.of(second)  # shorter per-position lists grow too
+    short.merge(SpecCounts.of(first))
+    assert short.tested_at == merged.tested_at and short.accepted_at == merged.accepted_at
+
+
+def test_rates_are_none_where_undefined() -> None:
+    empty = SpecCounts()
+    assert empty.acceptance_rate is None and empty.accepted_length is None
+    assert empty.tokens_per_step is None and empty.tokens_per_second is None
+    assert empty.draft_share is None and empty.fallback_frequency is None
+    plain = SpecCounts.of([fake_record(0, 0, target_time=0.1)])
+    assert plain.acceptance_rate is None and plain.tokens_per_step == 1.0
+    assert ratio(1, 0) is None and ratio(0, 2) == 0.0
+
+
+def test_drop_emitted_takes_back_cut_tokens() -> None:
+    counts = SpecCounts.of([fake_record(4, 4)])
+    counts.drop_emitted(2)
+    assert counts.emitted == 3 and counts.tokens_per_step == 3.0
+    assert counts.accepted_length == 5.0  # before truncation: unchanged
+    with pytest.raises(ValueError, match="cannot drop"):
+        counts.drop_emitted(4)
