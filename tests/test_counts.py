@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from spectune.control.replay import fake_record
+from spectune.decode.engine import Generation
 from spectune.records import SpecCounts, ratio
 
 
@@ -72,3 +73,17 @@ def test_drop_emitted_takes_back_cut_tokens() -> None:
     assert counts.accepted_length == 5.0  # before truncation: unchanged
     with pytest.raises(ValueError, match="cannot drop"):
         counts.drop_emitted(4)
+
+
+def test_generation_reports_its_counts() -> None:
+    tree = dataclasses.replace(fake_record(3, 2, drafted=8, draft_time=0.5), tree_depth=3)
+    gen = Generation(prompt_tokens=[1])
+    for record in (tree, fake_record(4, 1, target_time=0.5), fake_record(2, 2, emitted=1)):
+        gen.add(record)
+    assert gen.counts == SpecCounts.of(gen.steps)
+    assert (gen.drafted, gen.accepted) == (14, 5)  # drafted: the tree's 8 nodes + 4 + 2
+    assert gen.acceptance_rate == pytest.approx(5 / 9)  # over positions: 3 + 4 + 2
+    assert gen.mean_accepted_length == pytest.approx(len(gen.tokens) / 3) == pytest.approx(6 / 3)
+    assert gen.tokens_per_second == pytest.approx(6 / gen.decode_time)
+    empty = Generation(prompt_tokens=[1])
+    assert (empty.acceptance_rate, empty.mean_accepted_length, empty.tokens_per_second) == (0, 0, 0)

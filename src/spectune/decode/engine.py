@@ -33,7 +33,7 @@ from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.errors import InvalidParameterError
 from spectune.models.base import KVCache, LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
-from spectune.records import StepRecord, StopCondition, drafter_error
+from spectune.records import SpecCounts, StepRecord, StopCondition, drafter_error
 from spectune.sampling import SamplingParams
 from spectune.verify.chain import VerifyResult
 from spectune.verify.draft import verify_draft
@@ -59,31 +59,37 @@ class Generation:
         self.finish_reason = record.finish_reason
 
     @property
+    def counts(self) -> SpecCounts:
+        """The counters of every step so far; the rates below are derived from them."""
+        return SpecCounts.of(self.steps)
+
+    @property
     def drafted(self) -> int:
-        return sum(s.drafted for s in self.steps)
+        """Draft tokens returned (a tree: its nodes), ``SpecCounts.draft_tokens``."""
+        return self.counts.draft_tokens
 
     @property
     def accepted(self) -> int:
-        return sum(s.accepted for s in self.steps)
+        return self.counts.accepted
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted draft tokens over the draft positions tested (``StepRecord.positions``)."""
-        positions = sum(s.positions for s in self.steps)
-        return self.accepted / positions if positions else 0.0
+        """Accepted draft tokens over the draft positions tested (0 when none were)."""
+        return self.counts.acceptance_rate or 0.0
 
     @property
     def mean_accepted_length(self) -> float:
-        """Tokens emitted per step, the bonus or recovered token included."""
-        return len(self.tokens) / len(self.steps) if self.steps else 0.0
+        """Tokens emitted per step, the bonus or recovered token included
+        (``SpecCounts.tokens_per_step``; 0 before the first step)."""
+        return self.counts.tokens_per_step or 0.0
 
     @property
     def decode_time(self) -> float:
-        return sum(s.step_time for s in self.steps)
+        return self.counts.step_time
 
     @property
     def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.decode_time if self.decode_time > 0 else 0.0
+        return self.counts.tokens_per_second or 0.0
 
 
 class SpeculativeEngine:
