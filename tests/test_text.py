@@ -99,8 +99,8 @@ def test_server_usage_counts_only_the_output() -> None:
     past a stop leave ``completion_tokens``, a tree counts its depth in ``drafted``."""
     assembler = TextAssembler(BYTES, ("END",))
 
-    def step(text: str, accepted: int, **kw: int) -> StepRecord:
-        record = fake_record(4, accepted, emitted=len(ids(text)), **kw)
+    def step(text: str, accepted: int, drafted: int | None = None) -> StepRecord:
+        record = fake_record(4, accepted, drafted=drafted, emitted=len(ids(text)))
         return dataclasses.replace(record, emitted=tuple(ids(text)))
 
     first = assembler.push(dataclasses.replace(step("abcE", 3, drafted=9), tree_depth=4))
