@@ -207,6 +207,12 @@ class SpecCounts(DerivedRates):
         self.draft_time += draft_time
         self.target_time += target_time
         self.step_time += step_time
+        self.count_positions(positions, accepted)
+
+    def count_positions(self, positions: int, accepted: int) -> None:
+        """The per-position counters of one step that tested ``positions`` and kept the
+        first ``accepted`` (``add_step`` calls it; alone, for callers that have per-step
+        paths but only totals for the rest)."""
         if positions > len(self.tested_at):
             grow = positions - len(self.tested_at)
             self.tested_at += [0] * grow
