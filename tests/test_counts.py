@@ -5,10 +5,18 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from spectune.cli.generate import summary
 from spectune.control.replay import fake_record
 from spectune.decode.engine import Generation
+from spectune.models.tokenizer import Tokenizer
+from spectune.monitor import Monitor
 from spectune.records import SpecCounts, ratio
+from spectune.sampling import SamplingParams
+from spectune.server.output import TextAssembler
+from spectune.server.routes import usage_of
+from spectune.server.service import Prepared
 
 
 def test_counts_add_up_records_and_derive_rates() -> None:
@@ -87,3 +95,65 @@ def test_generation_reports_its_counts() -> None:
     assert gen.tokens_per_second == pytest.approx(6 / gen.decode_time)
     empty = Generation(prompt_tokens=[1])
     assert (empty.acceptance_rate, empty.mean_accepted_length, empty.tokens_per_second) == (0, 0, 0)
+
+
+def test_every_report_publishes_the_same_figures() -> None:
+    """One stream of steps (a chain, a tree, a plain fallback step, a truncated last step)
+    read by the CLI's summary, the server's usage, the monitor and Prometheus: the same
+    counts and rates under their published names, so none can drift from the others."""
+    records = [
+        fake_record(4, 2, draft_time=0.02, target_time=0.05, index=0),
+        dataclasses.replace(fake_record(3, 3, drafted=7, index=1), tree_depth=3),
+        fake_record(0, 0, fallback="local: low acceptance", index=2),
+        dataclasses.replace(fake_record(4, 4, emitted=2, index=3), finish_reason="length"),
+    ]
+    gen = Generation(prompt_tokens=[1])
+    registry = CollectorRegistry()
+    watch = Monitor(registry=registry).request()
+    assembler = TextAssembler(Tokenizer(_Words()), ())
+    for record in records:
+        gen.add(record)
+        watch.observe(record)
+        assembler.push(record)
+    counts = SpecCounts.of(records)
+    cli = summary(gen, watch)
+    usage = usage_of(Prepared((1, 2), SamplingParams(), None, False, False), assembler)
+    snap = watch.snapshot()
+    # Positions: 4 + 3 (the tree's depth) + 0 + 4; draft tokens: 4 + 7 nodes + 0 + 4.
+    assert (counts.positions, counts.draft_tokens, counts.accepted) == (11, 15, 9)
+    assert (cli["steps"], cli["drafted"], cli["positions"]) == (4, 15, 11)
+    assert cli["accepted"] == usage["accepted"] == snap.accepted == 9
+    assert usage["drafted"] == snap.drafted == 11  # positions, under the name "drafted"
+    rate = round(9 / 11, 4)
+    assert cli["acceptance_rate"] == usage["acceptance_rate"] == rate
+    assert snap.total.acceptance_rate == pytest.approx(9 / 11)
+    # Tokens per step after truncation (CLI, server) and accepted + 1 before it (monitor).
+    assert cli["mean_accepted_length"] == round(usage["mean_accepted_length"], 3) == 2.5
+    assert usage["completion_tokens"] == cli["tokens"] == 10
+    assert snap.total.mean_accepted_length == pytest.approx((9 + 4) / 4)
+    assert cli["rejections"] == snap.rejections == counts.rejections == 1
+    assert usage["fallbacks"] == 1 and usage["steps"] == 4
+    value = registry.get_sample_value
+    assert value("spectune_spec_decode_num_draft_tokens_total") == 11
+    assert value("spectune_spec_decode_num_accepted_tokens_total") == 9
+    assert value("spectune_spec_decode_num_emitted_tokens_total") == 10
+    assert value("spectune_spec_decode_acceptance_rate") == pytest.approx(9 / 11)
+    assert set(usage) == {
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "steps",
+        "fallbacks",
+        "fallback_reasons",
+    }
+
+
+class _Words:
+    """Token id n decodes to the word ``wn`` (all ``TextAssembler`` asks of a tokenizer)."""
+
+    def decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(f"w{t}" for t in tokens)
