@@ -16,6 +16,7 @@ from spectune.errors import InvalidParameterError
 
 __all__ = [
     "MAX_K",
+    "CountsReport",
     "DerivedRates",
     "SpecCounts",
     "StepRecord",
@@ -252,3 +253,37 @@ class SpecCounts(DerivedRates):
     def acceptance_by_position(self) -> tuple[float, ...]:
         """[j]: steps that kept draft position j + 1 / steps that tested it."""
         return tuple(k / t for k, t in zip(self.accepted_at, self.tested_at, strict=True))
+
+
+class CountsReport:
+    """The names a report built on ``counts`` publishes, each read off its ``SpecCounts``
+    (rates as 0 where undefined, as the reports always published them). ``Generation``,
+    the server's usage, the selection runs, the tuning predictions and the experiments'
+    totals share these; ``drafted`` is the draft tokens (a tree: its nodes) unless a report
+    says otherwise."""
+
+    counts: SpecCounts
+
+    @property
+    def drafted(self) -> int:
+        return self.counts.draft_tokens
+
+    @property
+    def accepted(self) -> int:
+        return self.counts.accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / draft positions tested (0 when none were)."""
+        return self.counts.acceptance_rate or 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per step, the bonus or recovered token included
+        (``SpecCounts.tokens_per_step``; 0 before the first step)."""
+        return self.counts.tokens_per_step or 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Output tokens per second of step time (0 before any)."""
+        return self.counts.tokens_per_second or 0.0

@@ -39,7 +39,7 @@ from spectune.control.replay import fake_record
 from spectune.control.threshold import ThresholdConfig
 from spectune.control.workload import StepCosts, Workload
 from spectune.errors import InvalidParameterError
-from spectune.records import SpecCounts
+from spectune.records import CountsReport, SpecCounts
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -139,7 +139,7 @@ def params_spec(params: Mapping[str, Any]) -> PolicySpec:
 
 
 @dataclass(frozen=True)
-class Prediction:
+class Prediction(CountsReport):
     """A replay's totals over the workload: the counters of every replayed step."""
 
     counts: SpecCounts
@@ -155,22 +155,6 @@ class Prediction:
     @property
     def steps(self) -> int:
         return self.counts.steps
-
-    @property
-    def drafted(self) -> int:
-        return self.counts.draft_tokens
-
-    @property
-    def accepted(self) -> int:
-        return self.counts.accepted
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.counts.tokens_per_second or 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.counts.acceptance_rate or 0.0
 
 
 def predict(workload: Workload, costs: StepCosts, spec: PolicySpec) -> Prediction:

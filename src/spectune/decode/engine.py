@@ -33,7 +33,13 @@ from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.errors import InvalidParameterError
 from spectune.models.base import KVCache, LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
-from spectune.records import SpecCounts, StepRecord, StopCondition, drafter_error
+from spectune.records import (
+    CountsReport,
+    SpecCounts,
+    StepRecord,
+    StopCondition,
+    drafter_error,
+)
 from spectune.sampling import SamplingParams
 from spectune.verify.chain import VerifyResult
 from spectune.verify.draft import verify_draft
@@ -43,53 +49,28 @@ __all__ = ["Generation", "SpeculativeEngine"]
 
 
 @dataclass
-class Generation:
-    """A finished request: the output tokens and every step's record."""
+class Generation(CountsReport):
+    """A finished request: the output tokens and every step's record, with the steps'
+    counters (filled through ``add``; the rates of ``CountsReport`` are derived there)."""
 
     prompt_tokens: list[int]
     tokens: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     prefill_time: float = 0.0
     finish_reason: str | None = None
+    counts: SpecCounts = field(default_factory=SpecCounts)
 
     def add(self, record: StepRecord) -> None:
-        """Take one step's record: its tokens, the record itself, the finish reason."""
+        """Take one step's record: its tokens, the record itself, its counts, the finish
+        reason."""
         self.tokens.extend(record.emitted)
         self.steps.append(record)
+        self.counts.add(record)
         self.finish_reason = record.finish_reason
-
-    @property
-    def counts(self) -> SpecCounts:
-        """The counters of every step so far; the rates below are derived from them."""
-        return SpecCounts.of(self.steps)
-
-    @property
-    def drafted(self) -> int:
-        """Draft tokens returned (a tree: its nodes), ``SpecCounts.draft_tokens``."""
-        return self.counts.draft_tokens
-
-    @property
-    def accepted(self) -> int:
-        return self.counts.accepted
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted draft tokens over the draft positions tested (0 when none were)."""
-        return self.counts.acceptance_rate or 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens emitted per step, the bonus or recovered token included
-        (``SpecCounts.tokens_per_step``; 0 before the first step)."""
-        return self.counts.tokens_per_step or 0.0
 
     @property
     def decode_time(self) -> float:
         return self.counts.step_time
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.counts.tokens_per_second or 0.0
 
 
 class SpeculativeEngine:

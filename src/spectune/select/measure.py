@@ -18,7 +18,7 @@ from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.models.base import LanguageModel
-from spectune.records import SpecCounts
+from spectune.records import CountsReport, SpecCounts
 from spectune.sampling import SamplingParams
 
 __all__ = ["RunMeasurement", "measure_draft_cost", "measure_runs"]
@@ -53,7 +53,7 @@ def measure_draft_cost(
 
 
 @dataclass(frozen=True)
-class RunMeasurement:
+class RunMeasurement(CountsReport):
     """Speculative runs at one K over the confirmation prompts, pooled."""
 
     k: int
@@ -67,23 +67,6 @@ class RunMeasurement:
     def seconds(self) -> float:
         """Decode time (prefill excluded)."""
         return self.counts.step_time
-
-    @property
-    def drafted(self) -> int:
-        """Draft tokens returned (a tree: its nodes)."""
-        return self.counts.draft_tokens
-
-    @property
-    def accepted(self) -> int:
-        return self.counts.accepted
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.counts.acceptance_rate or 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.counts.tokens_per_second or 0.0
 
 
 def measure_runs(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from spectune.decode.text import TextStream
 from spectune.models.tokenizer import Tokenizer
-from spectune.records import SpecCounts, StepRecord
+from spectune.records import CountsReport, SpecCounts, StepRecord
 
 __all__ = ["Delta", "SpeculationUsage", "TextAssembler", "openai_finish_reason"]
 
@@ -31,7 +31,7 @@ class Delta:
 
 
 @dataclass(frozen=True)
-class SpeculationUsage:
+class SpeculationUsage(CountsReport):
     """Speculation statistics of one request: its counters (rates are derived there) and
     the reasons it fell back, under the names of the usage object."""
 
@@ -44,12 +44,9 @@ class SpeculationUsage:
 
     @property
     def drafted(self) -> int:
-        """Draft positions tested (a tree counts its depth, not its nodes)."""
+        """Draft positions tested (a tree counts its depth, not its nodes): the usage
+        object's ``drafted`` has always been the acceptance rate's denominator."""
         return self.counts.positions
-
-    @property
-    def accepted(self) -> int:
-        return self.counts.accepted
 
     @property
     def completion_tokens(self) -> int:
@@ -60,15 +57,6 @@ class SpeculationUsage:
     def fallbacks(self) -> int:
         """Steps that ran without (or with cut-short) speculation."""
         return self.counts.fallback_steps
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.counts.acceptance_rate or 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens emitted per step, the target's own token included."""
-        return self.counts.tokens_per_step or 0.0
 
 
 class TextAssembler:
