@@ -12,6 +12,7 @@ from rich.table import Table
 
 from spectune.bench.runner import Measurement
 from spectune.bench.systems import SystemInfo
+from spectune.records import SpecCounts
 
 __all__ = ["LiveBoard"]
 
@@ -38,8 +39,7 @@ class LiveBoard:
     def _reset(self) -> None:
         self.tokens: dict[str, int] = defaultdict(int)
         self.seconds: dict[str, float] = defaultdict(float)
-        self.drafted: dict[str, int] = defaultdict(int)
-        self.accepted: dict[str, int] = defaultdict(int)
+        self.counts: dict[str, SpecCounts] = defaultdict(SpecCounts)  # speculative systems
         self.equal: dict[str, list[bool]] = defaultdict(list)
         self.reference: dict[str, tuple[int, ...]] = {}
 
@@ -63,8 +63,9 @@ class LiveBoard:
         self.tokens[name] += len(result.tokens)
         self.seconds[name] += result.seconds
         if result.drafted is not None:
-            self.drafted[name] += result.drafted
-            self.accepted[name] += result.accepted or 0
+            self.counts[name].merge(
+                SpecCounts(positions=result.drafted, accepted=result.accepted or 0)
+            )
         if m.temperature == 0.0:
             if name == "spectune plain" and m.prompt_id not in self.reference:
                 self.reference[m.prompt_id] = result.tokens
@@ -84,13 +85,14 @@ class LiveBoard:
         plain_rate = self._rate("spectune plain")
         for info in self.systems:
             rate = self._rate(info.name)
-            drafted = self.drafted.get(info.name, 0)
+            counts = self.counts.get(info.name)
+            acceptance = None if counts is None else counts.acceptance_rate
             equal = self.equal.get(info.name, [])
             table.add_row(
                 info.name,
                 "—" if rate is None else f"{rate:.2f}",
                 "—" if rate is None or not plain_rate else f"{rate / plain_rate:.2f}x",
-                "—" if not drafted else f"{100 * self.accepted[info.name] / drafted:.0f}%",
+                "—" if acceptance is None else f"{100 * acceptance:.0f}%",
                 "—" if not equal else f"{sum(equal)}/{len(equal)}",
             )
         return Group(self.progress, table)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from spectune.bench.runner import Measurement
 from spectune.bench.systems import SystemInfo
 from spectune.control.costs import CostCurve, expected_tokens_per_step
+from spectune.records import SpecCounts
 
 __all__ = ["ALL", "Equality", "Mismatch", "Row", "find_mismatches", "summarize"]
 
@@ -179,37 +180,39 @@ def _decode_tps(group: Sequence[Measurement]) -> float | None:
     return sum(len(m.result.tokens) for m in group) / total if total > 0 else None
 
 
-def _by_position(group: Sequence[Measurement]) -> tuple[float, ...]:
-    """Acceptance at each draft position over the group's steps (module glossary)."""
-    tested: list[int] = []
-    kept: list[int] = []
+def _counts(group: Sequence[Measurement]) -> SpecCounts:
+    """The group's counters: totals per call (what every system reports) and, where a
+    spectune system recorded its steps, the per-position counts (module glossary)."""
+    counts = SpecCounts()
     for m in group:
-        for positions, accepted in zip(
-            m.result.step_positions, m.result.step_accepted, strict=True
-        ):
-            if positions > len(tested):
-                grow = positions - len(tested)
-                tested += [0] * grow
-                kept += [0] * grow
-            for j in range(positions):
-                tested[j] += 1
-                kept[j] += j < accepted
-    return tuple(k / t for k, t in zip(kept, tested, strict=True))
+        r = m.result
+        one = SpecCounts(
+            steps=r.target_calls,
+            positions=r.drafted or 0,
+            accepted=r.accepted or 0,
+            emitted=len(r.tokens),
+            fallback_steps=r.fallback_steps,
+            draft_time=r.draft_seconds or 0.0,
+            step_time=r.decode_seconds or r.seconds,
+        )
+        for positions, accepted in zip(r.step_positions, r.step_accepted, strict=True):
+            one.count_positions(positions, accepted)
+        counts.merge(one)
+    return counts
 
 
 def _bound(
     group: Sequence[Measurement], curve: CostCurve | None
 ) -> tuple[float | None, float | None, float | None]:
     """(alpha, c, predicted speedup) for a spectune speculative group, else Nones."""
-    drafted = sum(m.result.drafted or 0 for m in group)
+    counts = _counts(group)
+    drafted = counts.positions
     # What each step verified: a drafter may return fewer tokens than K (n-gram misses).
     sizes = [d for m in group for d in m.result.step_drafted]
     if curve is None or not sizes or any(m.result.drafted is None for m in group):
         return None, None, None
-    accepted = sum(m.result.accepted or 0 for m in group)
-    alpha = accepted / drafted if drafted else 0.0
-    draft_seconds = sum(m.result.draft_seconds or 0.0 for m in group)
-    cost = (draft_seconds / drafted) / curve.seconds[0] if drafted else 0.0
+    alpha = counts.acceptance_rate or 0.0
+    cost = (counts.draft_time / drafted) / curve.seconds[0] if drafted else 0.0
     tokens = sum(expected_tokens_per_step(alpha, d) for d in sizes)
     time_units = sum(d * cost + curve.relative(d) for d in sizes)
     return alpha, cost, tokens / time_units
@@ -235,12 +238,7 @@ def _row(
     dtype, temperature, category, name = key
     group = [m for _, m in items]
     rates = _tps_over_repeats(group)
-    tokens = sum(len(m.result.tokens) for m in group)
-    steps = sum(m.result.target_calls for m in group)
-    drafted = [m.result.drafted for m in group]
-    accepted = sum(m.result.accepted or 0 for m in group)
-    draft_seconds = [m.result.draft_seconds for m in group]
-    spend = sum(m.result.decode_seconds or m.result.seconds for m in group)
+    counts = _counts(group)
     ks = [k for m in group for k in m.result.ks]
     speculative = info.family not in ("spectune-plain", "hf-generate")
     alpha, cost, predicted = (
@@ -263,29 +261,24 @@ def _row(
         temperature=temperature,
         category=category,
         calls=len(group),
-        new_tokens=tokens,
+        new_tokens=counts.emitted,
         tokens_per_second=medians[key],
         tps_min=min(rates),
         tps_max=max(rates),
         speedup_vs_plain=_ratio(medians[key], medians.get(plain_key)),
         speedup_vs_hf=_ratio(medians[key], medians.get((dtype, temperature, category, HF_PLAIN))),
         acceptance_rate=(
-            accepted / sum(d or 0 for d in drafted)
-            if speculative and all(d is not None for d in drafted) and any(drafted)
+            counts.acceptance_rate
+            if speculative and all(m.result.drafted is not None for m in group)
             else None
         ),
-        acceptance_by_position=_by_position(group) if speculative else (),
-        mean_accepted_length=tokens / steps if steps else 0.0,
+        acceptance_by_position=counts.acceptance_by_position if speculative else (),
+        mean_accepted_length=counts.tokens_per_step or 0.0,
         draft_share=(
-            sum(s or 0.0 for s in draft_seconds) / spend
-            if spend > 0 and all(s is not None for s in draft_seconds)
-            else None
+            counts.draft_share if all(m.result.draft_seconds is not None for m in group) else None
         ),
-        fallback_rate=(
-            sum(m.result.fallback_steps for m in group) / len(ks)
-            if info.family == "spectune" and ks
-            else None
-        ),
+        # A spectune call records one K per step: the fallback frequency over its steps.
+        fallback_rate=counts.fallback_frequency if info.family == "spectune" and ks else None,
         mean_k=statistics.fmean(ks) if info.family == "spectune" and ks else None,
         greedy_compared=len(compared),
         greedy_equal=sum(compared),

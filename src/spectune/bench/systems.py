@@ -124,20 +124,21 @@ class SpectuneSystem:
         gen = self.decoder.run(prompt, params, policy=policy, generator=generator)
         seconds = time.perf_counter() - start
         speculative = self.info.family != "spectune-plain"
+        counts = gen.counts
         return CallResult(
             tokens=tuple(gen.tokens),
             seconds=seconds,
-            target_calls=len(gen.steps),
+            target_calls=counts.steps,
             # Positions tested (a tree counts its depth), the acceptance denominator.
-            drafted=sum(s.positions for s in gen.steps) if speculative else None,
-            accepted=gen.accepted if speculative else None,
-            draft_seconds=sum(s.draft_time for s in gen.steps) if speculative else None,
-            decode_seconds=gen.decode_time,
+            drafted=counts.positions if speculative else None,
+            accepted=counts.accepted if speculative else None,
+            draft_seconds=counts.draft_time if speculative else None,
+            decode_seconds=counts.step_time,
             ks=tuple(s.k for s in gen.steps),
             step_drafted=tuple(s.drafted for s in gen.steps),
             step_positions=tuple(s.positions for s in gen.steps),
             step_accepted=tuple(s.accepted for s in gen.steps),
-            fallback_steps=sum(1 for s in gen.steps if s.fallback is not None),
+            fallback_steps=counts.fallback_steps,
         )
 
 

@@ -78,12 +78,14 @@ def prompt_tokens(args: argparse.Namespace, tokenizer: Tokenizer) -> list[int]:
 
 def summary(gen: Generation, watch: RequestMonitor | None = None) -> dict[str, Any]:
     fallbacks = {} if watch is None else dict(watch.snapshot().fallback_steps)
+    counts = gen.counts
     return {
         "tokens": len(gen.tokens),
-        "steps": len(gen.steps),
+        "steps": counts.steps,
         "tokens_per_second": round(gen.tokens_per_second, 2),
-        "drafted": gen.drafted,
-        "accepted": gen.accepted,
+        "drafted": counts.draft_tokens,  # a tree: its nodes
+        "positions": counts.positions,  # the acceptance rate's denominator
+        "accepted": counts.accepted,
         "acceptance_rate": round(gen.acceptance_rate, 4),
         "mean_accepted_length": round(gen.mean_accepted_length, 3),
         "finish_reason": gen.finish_reason,
@@ -91,7 +93,7 @@ def summary(gen: Generation, watch: RequestMonitor | None = None) -> dict[str, A
         "decode_seconds": round(gen.decode_time, 4),
         # token-level fallbacks (steps cut short by a rejection: fewer kept than the positions
         # tested, as the monitor counts them) and steps under each other fallback
-        "rejections": sum(1 for s in gen.steps if s.accepted < s.positions),
+        "rejections": counts.rejections,
         "fallback_steps": fallbacks,
     }
 

@@ -35,7 +35,7 @@ from typing import Protocol
 from spectune.control.base import GroupedVerification, KPolicy, PolicyState, ReportsState
 from spectune.control.costs import CostCurve, ewma
 from spectune.errors import InvalidParameterError
-from spectune.records import StepRecord
+from spectune.records import SpecCounts, StepRecord
 
 __all__ = [
     "BatchSizeCheck",
@@ -117,9 +117,7 @@ class LocalFallback:
         self.triggers = 0
         self.backoff = 0  # tokens of the current (or last) back-off
         self.backoff_left = 0
-        self.probe_seen = 0
-        self.probe_drafted = 0
-        self.probe_accepted = 0
+        self.probe = SpecCounts()  # the steps of the current probe
 
     def observe(self, record: StepRecord) -> None:
         cfg = self.config
@@ -127,13 +125,11 @@ class LocalFallback:
             self.backoff_left -= len(record.emitted)
             if self.backoff_left <= 0:
                 self.phase = "probe"
-                self.probe_seen = self.probe_drafted = self.probe_accepted = 0
+                self.probe = SpecCounts()
         elif self.phase == "probe":
-            self.probe_seen += 1
-            self.probe_drafted += record.positions
-            self.probe_accepted += record.accepted
-            if self.probe_seen >= cfg.probe_steps:
-                rate = self.probe_accepted / self.probe_drafted if self.probe_drafted else 0.0
+            self.probe.add(record)
+            if self.probe.steps >= cfg.probe_steps:
+                rate = self.probe.acceptance_rate or 0.0
                 if rate >= cfg.below:
                     self.phase, self.bad_run = "watch", 0
                 else:

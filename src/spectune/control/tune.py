@@ -39,6 +39,7 @@ from spectune.control.replay import fake_record
 from spectune.control.threshold import ThresholdConfig
 from spectune.control.workload import StepCosts, Workload
 from spectune.errors import InvalidParameterError
+from spectune.records import CountsReport, SpecCounts
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -138,28 +139,27 @@ def params_spec(params: Mapping[str, Any]) -> PolicySpec:
 
 
 @dataclass(frozen=True)
-class Prediction:
-    """A replay's totals over the workload."""
+class Prediction(CountsReport):
+    """A replay's totals over the workload: the counters of every replayed step."""
 
-    tokens: int
-    seconds: float
-    steps: int
-    drafted: int
-    accepted: int
+    counts: SpecCounts
 
     @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+    def tokens(self) -> int:
+        return self.counts.emitted
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+    def seconds(self) -> float:
+        return self.counts.step_time
+
+    @property
+    def steps(self) -> int:
+        return self.counts.steps
 
 
 def predict(workload: Workload, costs: StepCosts, spec: PolicySpec) -> Prediction:
     """Replay every request of ``workload`` through a fresh policy built from ``spec``."""
-    tokens = steps = drafted = accepted = 0
-    seconds = 0.0
+    counts = SpecCounts()
     rates = workload.position_acceptance
     for timeline in workload.timelines:
         policy = build_policy(spec, params=SamplingParams(temperature=timeline.temperature))
@@ -171,26 +171,21 @@ def predict(workload: Workload, costs: StepCosts, spec: PolicySpec) -> Predictio
             run = timeline.accepted_run(position, offered, rates)
             emitted = min(run + 1, remaining)
             draft_time, target_time, overhead = costs.step(k, offered)
-            policy.observe(
-                fake_record(
-                    k,
-                    run,
-                    drafted=offered,
-                    draft_time=draft_time,
-                    target_time=target_time,
-                    overhead_time=overhead,
-                    emitted=emitted,
-                    index=steps,
-                    fallback=policy.reason if k == 0 else None,
-                )
+            record = fake_record(
+                k,
+                run,
+                drafted=offered,
+                draft_time=draft_time,
+                target_time=target_time,
+                overhead_time=overhead,
+                emitted=emitted,
+                index=counts.steps,
+                fallback=policy.reason if k == 0 else None,
             )
+            policy.observe(record)
+            counts.add(record)
             position += emitted
-            tokens += emitted
-            steps += 1
-            drafted += offered
-            accepted += run
-            seconds += draft_time + target_time + overhead
-    return Prediction(tokens, seconds, steps, drafted, accepted)
+    return Prediction(counts)
 
 
 @dataclass(frozen=True)

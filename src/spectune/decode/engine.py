@@ -32,7 +32,13 @@ from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.errors import InvalidParameterError
 from spectune.models.base import KVCache, LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
-from spectune.records import StepRecord, StopCondition, drafter_error
+from spectune.records import (
+    CountsReport,
+    SpecCounts,
+    StepRecord,
+    StopCondition,
+    drafter_error,
+)
 from spectune.sampling import SamplingParams
 from spectune.verify.draft import Score, verify_draft
 
@@ -40,47 +46,28 @@ __all__ = ["Generation", "SpeculativeEngine"]
 
 
 @dataclass
-class Generation:
-    """A finished request: the output tokens and every step's record."""
+class Generation(CountsReport):
+    """A finished request: the output tokens and every step's record, with the steps'
+    counters (filled through ``add``; the rates of ``CountsReport`` are derived there)."""
 
     prompt_tokens: list[int]
     tokens: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     prefill_time: float = 0.0
     finish_reason: str | None = None
+    counts: SpecCounts = field(default_factory=SpecCounts)
 
     def add(self, record: StepRecord) -> None:
-        """Take one step's record: its tokens, the record itself, the finish reason."""
+        """Take one step's record: its tokens, the record itself, its counts, the finish
+        reason."""
         self.tokens.extend(record.emitted)
         self.steps.append(record)
+        self.counts.add(record)
         self.finish_reason = record.finish_reason
 
     @property
-    def drafted(self) -> int:
-        return sum(s.drafted for s in self.steps)
-
-    @property
-    def accepted(self) -> int:
-        return sum(s.accepted for s in self.steps)
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted draft tokens over the draft positions tested (``StepRecord.positions``)."""
-        positions = sum(s.positions for s in self.steps)
-        return self.accepted / positions if positions else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens emitted per step, the bonus or recovered token included."""
-        return len(self.tokens) / len(self.steps) if self.steps else 0.0
-
-    @property
     def decode_time(self) -> float:
-        return sum(s.step_time for s in self.steps)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.decode_time if self.decode_time > 0 else 0.0
+        return self.counts.step_time
 
 
 class SpeculativeEngine:

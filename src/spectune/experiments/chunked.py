@@ -32,7 +32,7 @@ class ChunkedRow:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.stats.accepted / self.stats.drafted if self.stats.drafted else 0.0
+        return self.stats.acceptance
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -75,7 +75,7 @@ def chunked_vs_one_pass(
                 verify_groups=group_count,
                 seed=seed,
             )
-            alpha = stats.accepted / stats.drafted if stats.drafted else 0.0
+            alpha = stats.acceptance
             rows.append(
                 ChunkedRow(
                     k,

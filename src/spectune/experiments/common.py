@@ -35,6 +35,7 @@ from spectune.models.llama import LlamaLM, LlamaTransformer
 from spectune.models.shipped import shipped_drafts
 from spectune.models.toy import perturbed, toy_config, toy_model
 from spectune.prompts import load_prompts
+from spectune.records import CountsReport, SpecCounts, ratio
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -73,16 +74,12 @@ class Setup:
 
 
 @dataclass(frozen=True)
-class DecodeStats:
-    """Totals over a prompt set for one decoding configuration."""
+class DecodeStats(CountsReport):
+    """Totals over a prompt set for one decoding configuration: the counters of every
+    step (``SpecCounts``), from which every rate here is derived, plus draft timings."""
 
     label: str
-    tokens: int
-    steps: int
-    drafted: int
-    accepted: int
-    target_tokens: int  # tokens the target forwarded in decode steps (its verification work)
-    decode_seconds: float
+    counts: SpecCounts
     # Per drafting step (k > 0): the drafter's time (for suffix drafting, the lookup), mean
     # and 99th percentile in ms, and the mean target time of a step in ms (0: no steps).
     draft_ms_mean: float = 0.0
@@ -90,27 +87,36 @@ class DecodeStats:
     target_ms_mean: float = 0.0
 
     @property
+    def tokens(self) -> int:
+        return self.counts.emitted
+
+    @property
+    def steps(self) -> int:
+        return self.counts.steps
+
+    @property
+    def target_tokens(self) -> int:
+        """Tokens the target forwarded in decode steps (its verification work): each step
+        the pending token and every draft token (a tree: every node)."""
+        return self.counts.draft_tokens + self.counts.steps
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.counts.step_time
+
+    @property
     def draft_over_target(self) -> float:
         """Mean draft time per drafting step over the mean target time per step."""
         return self.draft_ms_mean / self.target_ms_mean if self.target_ms_mean > 0 else 0.0
 
     @property
-    def mean_accepted_length(self) -> float:
-        """Tokens emitted per step (accepted draft tokens plus the target's own)."""
-        return self.tokens / self.steps if self.steps else 0.0
-
-    @property
     def acceptance(self) -> float:
-        """Accepted draft tokens / drafted tokens."""
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+        """``acceptance_rate``, under the name the experiments publish."""
+        return self.acceptance_rate
 
     @property
     def target_tokens_per_step(self) -> float:
-        return self.target_tokens / self.steps if self.steps else 0.0
+        return ratio(self.target_tokens, self.steps) or 0.0
 
     def as_dict(self) -> dict[str, float | int | str]:
         return {
@@ -118,6 +124,7 @@ class DecodeStats:
             "tokens": self.tokens,
             "steps": self.steps,
             "drafted": self.drafted,
+            "positions": self.counts.positions,
             "accepted": self.accepted,
             "acceptance": round(self.acceptance, 4),
             "mean_accepted_length": round(self.mean_accepted_length, 4),
@@ -264,31 +271,20 @@ def decode_prompts(
     seed: int = 0,
 ) -> DecodeStats:
     """Decode every prompt (fresh drafter each, seeded generator each) and add up."""
-    tokens = steps = drafted = accepted = target_tokens = 0
-    seconds = 0.0
+    counts = SpecCounts()
     draft_times: list[float] = []  # seconds, per drafting step
     target_times: list[float] = []  # seconds, per step
     for index, (_, prompt) in enumerate(setup.prompts):
         engine = SpeculativeEngine(setup.target, drafter_factory(), verify_groups=verify_groups)
         generator = torch.Generator().manual_seed(seed + index)
         gen = engine.run(list(prompt), params, policy=FixedK(k), generator=generator)
-        seconds += gen.decode_time
-        tokens += len(gen.tokens)
-        steps += len(gen.steps)
-        drafted += gen.drafted
-        accepted += gen.accepted
-        target_tokens += sum(s.drafted + 1 for s in gen.steps)
+        counts.merge(gen.counts)
         draft_times.extend(s.draft_time for s in gen.steps if s.k > 0)
         target_times.extend(s.target_time for s in gen.steps)
     draft_ms = np.asarray(draft_times) * 1e3
     return DecodeStats(
         label,
-        tokens,
-        steps,
-        drafted,
-        accepted,
-        target_tokens,
-        seconds,
+        counts,
         draft_ms_mean=float(draft_ms.mean()) if draft_ms.size else 0.0,
         draft_ms_p99=float(np.percentile(draft_ms, 99)) if draft_ms.size else 0.0,
         target_ms_mean=float(np.mean(target_times)) * 1e3 if target_times else 0.0,

@@ -135,10 +135,10 @@ class PrometheusExporter:
 
     def observe(self, n: StepNumbers) -> None:
         self.steps.inc()
-        self.drafted.inc(n.drafted)
+        self.drafted.inc(n.positions)
         self.accepted.inc(n.accepted)
         self.emitted.inc(n.emitted)
-        for position in range(1, n.drafted + 1):
+        for position in range(1, n.positions + 1):
             self.drafted_per_pos.labels(position=str(position)).inc()
             if position <= n.accepted:
                 self.accepted_per_pos.labels(position=str(position)).inc()

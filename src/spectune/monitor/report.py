@@ -14,6 +14,7 @@ from typing import Any
 from spectune.monitor.health import HealthCheck, health
 from spectune.monitor.stats import SpecStats, StatsSnapshot, StepNumbers, fallback_kind
 from spectune.monitor.trace import TraceRequest
+from spectune.records import SpecCounts
 
 __all__ = ["PLOTS", "TraceReport", "analyse_trace", "peak_by_k", "plot_report"]
 
@@ -25,7 +26,7 @@ class TraceReport:
     """Per-step series (one entry per step, in trace order) and the whole trace's figures."""
 
     requests: int
-    step_acceptance: tuple[float | None, ...]  # accepted / drafted of the step itself
+    step_acceptance: tuple[float | None, ...]  # accepted / positions tested, the step itself
     window_acceptance: tuple[float | None, ...]
     ewma_acceptance: tuple[float | None, ...]
     k: tuple[int, ...]
@@ -73,7 +74,7 @@ def analyse_trace(
             previous = numbers.fallback
             stats.add(numbers)
             snap = stats.snapshot()
-            step_rate.append(record.accepted / record.drafted if record.drafted else None)
+            step_rate.append(SpecCounts.of([record]).acceptance_rate)
             window_rate.append(snap.window.acceptance_rate)
             ewma_rate.append(snap.ewma.acceptance_rate)
             ks.append(record.k)

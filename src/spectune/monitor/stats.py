@@ -7,14 +7,19 @@ weight ``smoothing`` on the newest step). EWMA rates are ratios of EWMAs (EWMA a
 over EWMA drafted, ...): each step weighs by its size, as in the totals, and the
 zero start cancels out of every ratio.
 
+The counts are ``spectune.records.SpecCounts`` (the moving averages: ``_Ewma``), and every
+rate is derived there, in ``DerivedRates``, as everywhere else in spectune.
+
 Glossary (one step = one ``StepRecord``):
-- drafted / accepted    draft tokens proposed / kept by the target.
+- drafted / accepted    draft positions tested (``SpecCounts.positions``: a chain's tokens,
+                        a tree's depth) / draft tokens kept by the target.
 - emitted               tokens appended to the output (after stop/EOS truncation).
 - rejections            token-level fallbacks: steps cut short by a rejected draft token,
                         whose position the verifier resampled from the residual.
 - acceptance rate       accepted / drafted.
 - mean accepted length  (accepted + 1) per step: accepted tokens plus the bonus or
-                        recovered token, before truncation (plain steps count 1).
+                        recovered token, before truncation (plain steps count 1);
+                        ``SpecCounts.accepted_length``.
 - draft share           draft time / step time.
 - overhead              step time - draft time - target time (verification, bookkeeping).
 - estimated speedup     tokens per second over the plain-decoding baseline: one given by
@@ -37,7 +42,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from spectune.control.costs import CostCurve
-from spectune.records import StepRecord
+from spectune.records import DerivedRates, SpecCounts, StepRecord
 
 __all__ = [
     "FALLBACK_KINDS",
@@ -66,7 +71,8 @@ class StepNumbers:
     """One record reduced to what the counters need."""
 
     k: int
-    drafted: int  # draft positions tested (``StepRecord.positions``: a tree counts its depth)
+    draft_tokens: int  # draft tokens returned (a tree: its nodes)
+    positions: int  # draft positions tested (``StepRecord.positions``: a tree counts its depth)
     accepted: int
     emitted: int
     draft_time: float
@@ -81,7 +87,8 @@ class StepNumbers:
         kind = fallback_kind(record.fallback)
         return cls(
             k=record.k,
-            drafted=record.positions,  # positions tested: a tree counts its depth
+            draft_tokens=record.drafted,
+            positions=record.positions,
             accepted=record.accepted,
             emitted=len(record.emitted),
             draft_time=record.draft_time,
@@ -94,7 +101,19 @@ class StepNumbers:
 
     @property
     def rejected(self) -> bool:
-        return self.accepted < self.drafted
+        return self.accepted < self.positions
+
+    def count_into(self, counts: SpecCounts) -> None:
+        counts.add_step(
+            draft_tokens=self.draft_tokens,
+            positions=self.positions,
+            accepted=self.accepted,
+            emitted=self.emitted,
+            fallback=self.fallback is not None,
+            draft_time=self.draft_time,
+            target_time=self.target_time,
+            step_time=self.step_time,
+        )
 
 
 @dataclass(frozen=True)
@@ -107,6 +126,21 @@ class Rates:
     tokens_per_second: float | None
     estimated_speedup: float | None
     fallback_frequency: float | None
+
+    @classmethod
+    def of(cls, counts: DerivedRates, baseline: float | None) -> Rates:
+        """The rates of ``counts`` (``SpecCounts`` or moving averages); the monitor's
+        mean accepted length is ``accepted_length``: accepted + 1 per step, before
+        truncation."""
+        tps = counts.tokens_per_second
+        return cls(
+            acceptance_rate=counts.acceptance_rate,
+            mean_accepted_length=counts.accepted_length,
+            draft_share=counts.draft_share,
+            tokens_per_second=tps,
+            estimated_speedup=tps / baseline if tps is not None and baseline else None,
+            fallback_frequency=counts.fallback_frequency,
+        )
 
 
 @dataclass(frozen=True)
@@ -137,39 +171,27 @@ class StatsSnapshot:
 
 
 @dataclass
-class _Sums:
-    """Additive quantities the rates are ratios of (plain sums or EWMAs of them)."""
+class _Ewma(DerivedRates):
+    """Exponentially weighted moving averages of the counts the rates are ratios of."""
 
     steps: float = 0.0
-    drafted: float = 0.0
+    positions: float = 0.0
     accepted: float = 0.0
     emitted: float = 0.0
     draft_time: float = 0.0
     step_time: float = 0.0
     fallback_steps: float = 0.0
 
-    def add(self, n: StepNumbers, weight: float = 1.0, decay: float = 1.0) -> None:
-        """self = decay * self + weight * n (a plain sum with the defaults)."""
+    def add(self, n: StepNumbers, weight: float) -> None:
+        """self = (1 - weight) * self + weight * n."""
+        decay = 1.0 - weight
         self.steps = decay * self.steps + weight
-        self.drafted = decay * self.drafted + weight * n.drafted
+        self.positions = decay * self.positions + weight * n.positions
         self.accepted = decay * self.accepted + weight * n.accepted
         self.emitted = decay * self.emitted + weight * n.emitted
         self.draft_time = decay * self.draft_time + weight * n.draft_time
         self.step_time = decay * self.step_time + weight * n.step_time
         self.fallback_steps = decay * self.fallback_steps + weight * (n.fallback is not None)
-
-    def rates(self, baseline: float | None) -> Rates:
-        tps = self.emitted / self.step_time if self.step_time > 0 else None
-        return Rates(
-            acceptance_rate=self.accepted / self.drafted if self.drafted > 0 else None,
-            mean_accepted_length=(
-                (self.accepted + self.steps) / self.steps if self.steps > 0 else None
-            ),
-            draft_share=self.draft_time / self.step_time if self.step_time > 0 else None,
-            tokens_per_second=tps,
-            estimated_speedup=tps / baseline if tps is not None and baseline else None,
-            fallback_frequency=self.fallback_steps / self.steps if self.steps > 0 else None,
-        )
 
 
 @dataclass
@@ -185,14 +207,10 @@ class SpecStats:
     baseline_tokens_per_second: float | None = None  # given by the caller
     cost_curve: CostCurve | None = None  # for a predicted baseline
     requests: int = 0
-    _total: _Sums = field(default_factory=_Sums)
-    _ewma: _Sums = field(default_factory=_Sums)
+    _total: SpecCounts = field(default_factory=SpecCounts)
+    _ewma: _Ewma = field(default_factory=_Ewma)
     _recent: deque[StepNumbers] = field(default_factory=deque)
-    _plain: _Sums = field(default_factory=_Sums)  # plain (K = 0) steps, for the baseline
-    _target_time: float = 0.0
-    _rejections: int = 0
-    _accepted_at: list[int] = field(default_factory=list)
-    _drafted_at: list[int] = field(default_factory=list)
+    _plain: SpecCounts = field(default_factory=SpecCounts)  # plain (K = 0) steps: the baseline
     _fallback_steps: Counter[str] = field(default_factory=Counter)
     _fallback_events: Counter[str] = field(default_factory=Counter)
     _last_fallback: str | None = None
@@ -205,24 +223,16 @@ class SpecStats:
         return numbers
 
     def add(self, n: StepNumbers) -> None:
-        self._total.add(n)
-        self._ewma.add(n, weight=self.smoothing, decay=1.0 - self.smoothing)
+        n.count_into(self._total)
+        self._ewma.add(n, weight=self.smoothing)
         self._recent.append(n)
         if len(self._recent) > self.window:
             self._recent.popleft()
         if n.k == 0:
-            self._plain.add(n)
-        self._target_time += n.target_time
+            n.count_into(self._plain)
         self._verify_peak = _max(self._verify_peak, n.verify_peak_bytes)
         if n.rejected:
-            self._rejections += 1
             self._fallback_events["token"] += 1
-        for position in range(n.drafted):
-            if position == len(self._drafted_at):
-                self._drafted_at.append(0)
-                self._accepted_at.append(0)
-            self._drafted_at[position] += 1
-            self._accepted_at[position] += position < n.accepted
         if n.fallback is not None:
             self._fallback_steps[n.fallback] += 1
             if n.new_fallback:
@@ -232,40 +242,41 @@ class SpecStats:
         """Plain-decoding tokens per second and where the figure comes from."""
         if self.baseline_tokens_per_second:
             return self.baseline_tokens_per_second, "given"
-        if self._plain.steps >= MIN_PLAIN_STEPS and self._plain.step_time > 0:
-            return self._plain.emitted / self._plain.step_time, "measured"
+        plain = self._plain.tokens_per_second
+        if self._plain.steps >= MIN_PLAIN_STEPS and plain is not None:
+            return plain, "measured"
         if self.cost_curve is not None and self.cost_curve.seconds[0] > 0:
             return 1.0 / self.cost_curve.seconds[0], "predicted"
         return None, None
 
     def snapshot(self) -> StatsSnapshot:
         baseline, source = self.baseline()
-        window = _Sums()
+        window = SpecCounts()
         window_peak: int | None = None
         for n in self._recent:
-            window.add(n)
+            n.count_into(window)
             window_peak = _max(window_peak, n.verify_peak_bytes)
         total = self._total
         return StatsSnapshot(
             requests=self.requests,
-            steps=int(total.steps),
-            drafted=int(total.drafted),
-            accepted=int(total.accepted),
-            emitted=int(total.emitted),
-            rejections=self._rejections,
-            accepted_per_position=tuple(self._accepted_at),
-            drafted_per_position=tuple(self._drafted_at),
+            steps=total.steps,
+            drafted=total.positions,
+            accepted=total.accepted,
+            emitted=total.emitted,
+            rejections=total.rejections,
+            accepted_per_position=tuple(total.accepted_at),
+            drafted_per_position=tuple(total.tested_at),
             fallback_steps=MappingProxyType(dict(self._fallback_steps)),
             fallback_events=MappingProxyType(dict(self._fallback_events)),
             draft_time=total.draft_time,
-            target_time=self._target_time,
-            overhead_time=total.step_time - total.draft_time - self._target_time,
+            target_time=total.target_time,
+            overhead_time=total.step_time - total.draft_time - total.target_time,
             step_time=total.step_time,
             baseline_tokens_per_second=baseline,
             baseline_source=source,
-            total=total.rates(baseline),
-            window=window.rates(baseline),
-            ewma=self._ewma.rates(baseline),
+            total=Rates.of(total, baseline),
+            window=Rates.of(window, baseline),
+            ewma=Rates.of(self._ewma, baseline),
             verify_peak_bytes=self._verify_peak,
             window_verify_peak_bytes=window_peak,
         )

@@ -18,6 +18,7 @@ from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.models.base import LanguageModel
+from spectune.records import CountsReport, SpecCounts
 from spectune.sampling import SamplingParams
 
 __all__ = ["RunMeasurement", "measure_draft_cost", "measure_runs"]
@@ -52,20 +53,20 @@ def measure_draft_cost(
 
 
 @dataclass(frozen=True)
-class RunMeasurement:
+class RunMeasurement(CountsReport):
+    """Speculative runs at one K over the confirmation prompts, pooled."""
+
     k: int
-    tokens: int
-    seconds: float  # decode time (prefill excluded)
-    drafted: int
-    accepted: int
+    counts: SpecCounts  # every step of every prompt's run
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+    def tokens(self) -> int:
+        return self.counts.emitted
 
     @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+    def seconds(self) -> float:
+        """Decode time (prefill excluded)."""
+        return self.counts.step_time
 
 
 def measure_runs(
@@ -77,14 +78,10 @@ def measure_runs(
 ) -> RunMeasurement:
     """Greedy speculative decoding (or plain, with ``drafter=None`` / ``k=0``) over prompts."""
     engine = SpeculativeEngine(target, drafter)
-    tokens = drafted = accepted = 0
-    seconds = 0.0
+    counts = SpecCounts()
     for prompt in prompts:
         generation = engine.run(
             prompt, SamplingParams(max_tokens=max_tokens), policy=FixedK(k if drafter else 0)
         )
-        tokens += len(generation.tokens)
-        seconds += generation.decode_time
-        drafted += generation.drafted
-        accepted += generation.accepted
-    return RunMeasurement(k, tokens, seconds, drafted, accepted)
+        counts.merge(generation.counts)
+    return RunMeasurement(k, counts)

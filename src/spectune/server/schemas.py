@@ -154,9 +154,13 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    drafted: int = Field(description="draft tokens proposed")
+    drafted: int = Field(
+        description="draft positions tested (a chain: its tokens; a token tree: its depth)"
+    )
     accepted: int = Field(description="draft tokens the target accepted")
-    acceptance_rate: float = Field(description="accepted / drafted (0 when nothing was drafted)")
+    acceptance_rate: float = Field(
+        description="accepted / drafted positions (0 when nothing was drafted)"
+    )
     mean_accepted_length: float = Field(description="tokens emitted per target step")
     steps: int = Field(description="target verification steps")
     fallbacks: int = Field(description="steps run without speculation because of a fallback")
