@@ -242,7 +242,7 @@ def _row(
     draft_seconds = [m.result.draft_seconds for m in group]
     spend = sum(m.result.decode_seconds or m.result.seconds for m in group)
     ks = [k for m in group for k in m.result.ks]
-    speculative = info.family not in ("spectune-plain", "hf-generate")
+    speculative = info.family not in ("spectune-plain", "hf-generate", "llamacpp-plain")
     alpha, cost, predicted = (
         # The chain model does not describe a tree (it verifies nodes, not K tokens).
         _bound(group, curve)
