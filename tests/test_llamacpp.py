@@ -249,19 +249,31 @@ def chat_prompt(default_cpp: Loaded) -> list[int]:
 def test_default_model_logits_match_the_native_fp32_runtime(
     default_cpp: Loaded, chat_prompt: list[int]
 ) -> None:
-    """Same Q4_1 file on both sides: the native runtime dequantises it to fp32 and computes
-    in fp32; llama.cpp multiplies the Q4_1 blocks by Q8_1-quantised activations. Prefill,
-    a 2-token chunk and one token: the same argmax everywhere, and every logit within
-    BOUND of the native one (measured worst: MEASURED)."""
+    """Same Q4_1 file on both sides: the native runtime dequantises it and computes in fp32;
+    llama.cpp multiplies the Q4_1 blocks by activations quantised to 8 bits (Q8_1) and keeps
+    an F16 KV cache. Prefill, a 2-token chunk and one token, every position:
+
+    - the same argmax wherever the native top two logits are >= 0.5 apart (measured on the
+      chat prompt and 6 test prompts, 641 positions: argmax agreed at 623; every disagreement
+      had a native gap <= 0.19);
+    - every logit within 10% of the native logits' spread (measured <= 4.3%; the largest
+      differences, up to 2.9, sit at the first positions, whose logits are the largest);
+    - the native top token's log-probability within 0.5 (measured <= 0.26)."""
     native = load_target("default").model
     cpp = default_cpp.model
     tokens = torch.tensor([chat_prompt])
     native_cache, cpp_cache = native.new_cache(capacity=256), cpp.new_cache(capacity=256)
     for chunk in (tokens[:, :-3], tokens[:, -3:-1], tokens[:, -1:]):
-        a = native.forward(chunk, native_cache).logits
-        b = cpp.forward(chunk, cpp_cache).logits
-        assert torch.equal(a.argmax(-1), b.argmax(-1))
-        assert float((a - b).abs().max()) <= 1.0
+        a = native.forward(chunk, native_cache).logits[0]  # [chunk, vocab]
+        b = cpp.forward(chunk, cpp_cache).logits[0]
+        top = a.topk(2, -1).values  # [chunk, 2]
+        clear = top[:, 0] - top[:, 1] >= 0.5
+        assert torch.equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
+        spread = a.max(-1).values - a.min(-1).values  # [chunk]
+        assert bool(((a - b).abs().max(-1).values <= 0.1 * spread).all())
+        best = a.argmax(-1, keepdim=True)
+        logprob_error = (a.log_softmax(-1) - b.log_softmax(-1)).gather(-1, best).abs()
+        assert float(logprob_error.max()) <= 0.5
 
 
 @needs_llama_cpp
