@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import logging
 import weakref
+from collections import deque
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -80,8 +80,9 @@ FEATURE_HEAD_REFUSAL = (
 
 
 def load_llama_cpp() -> ModuleType:
-    """The low-level ``llama_cpp.llama_cpp`` module, its logging silenced; a one-line
-    ``ModelLoadError`` when the optional extra is not installed."""
+    """The low-level ``llama_cpp.llama_cpp`` module, llama.cpp's log kept off stderr (its last
+    warnings and errors go into our error messages); a one-line ``ModelLoadError`` when the
+    optional extra is not installed."""
     try:
         lib = importlib.import_module("llama_cpp.llama_cpp")
     except ImportError as exc:
@@ -89,9 +90,30 @@ def load_llama_cpp() -> ModuleType:
             f"--runtime llamacpp needs llama-cpp-python: pip install 'spectune[llamacpp]' "
             f"(it compiles llama.cpp, about {BUILD_MINUTES} minutes on 2 cores) ({exc})"
         ) from exc
-    # llama.cpp's loader logs every tensor through this logger (it prints unless told not to).
-    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    global _log_callback
+    if _log_callback is None:
+        # llama.cpp logs every tensor it loads to stderr; keep its last warnings and errors
+        # for our own error messages instead (the ctypes callback must stay referenced).
+        _log_callback = lib.llama_log_callback(_remember_log)
+        lib.llama_log_set(_log_callback, None)
     return lib
+
+
+_log_callback: Any = None
+_recent_log: deque[str] = deque(maxlen=3)  # llama.cpp's last warning or error lines
+_LOG_WARN, _LOG_ERROR = 3, 4  # ggml_log_level
+
+
+def _remember_log(level: int, text: bytes, user_data: Any) -> None:
+    if level in (_LOG_WARN, _LOG_ERROR):
+        line = text.decode("utf-8", errors="replace").strip()
+        if line:
+            _recent_log.append(line)
+
+
+def _llama_said() -> str:
+    """llama.cpp's last warnings and errors, as a clause for an error message."""
+    return f" (llama.cpp: {' / '.join(_recent_log)})" if _recent_log else ""
 
 
 def llama_cpp_available() -> bool:
@@ -109,9 +131,10 @@ class _Weights:
     def __init__(self, lib: ModuleType, path: Path, gpu: bool) -> None:
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 999 if gpu else 0
+        _recent_log.clear()
         handle = lib.llama_model_load_from_file(str(path).encode(), params)
         if not handle:
-            raise ModelLoadError(f"llama.cpp cannot load {path}")
+            raise ModelLoadError(f"llama.cpp cannot load {path}{_llama_said()}")
         self.handle = handle
         self.vocab_size = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(handle)))
         self.num_parameters = int(lib.llama_model_n_params(handle))
@@ -131,10 +154,11 @@ class _Context:
         params.no_perf = True
         threads = torch.get_num_threads()
         params.n_threads = params.n_threads_batch = threads
+        _recent_log.clear()
         handle = lib.llama_init_from_model(weights.handle, params)
         if not handle:
             raise ModelLoadError(
-                f"llama.cpp cannot create a context of {num_seqs} x {per_seq} tokens"
+                f"llama.cpp cannot create a context of {num_seqs} x {per_seq} tokens{_llama_said()}"
             )
         self.lib = lib
         self.weights = weights  # keeps the model alive as long as this context
@@ -194,9 +218,10 @@ class _Context:
             self.positions[:count] = positions[start:end]
             self.seq_ids[:count] = seq_ids[start:end]
             self.batch.n_tokens = count
+            _recent_log.clear()
             status = self.lib.llama_decode(self.handle, self.batch)
             if status != 0:
-                raise RuntimeError(f"llama_decode failed with status {status}")
+                raise RuntimeError(f"llama_decode failed with status {status}{_llama_said()}")
             pointer = self.lib.llama_get_logits(self.handle)
             values = np.ctypeslib.as_array(pointer, shape=(count, vocab))
             logits[start:end].copy_(torch.from_numpy(values))
