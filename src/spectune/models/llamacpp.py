@@ -320,17 +320,7 @@ class LlamaCppModel:
                 f"{path}: llama.cpp reads {self.weights.vocab_size} tokens, the metadata "
                 f"{cfg.vocab_size}"
             )
-        self._info = ModelInfo(
-            name=cfg.name,
-            family=cfg.family,
-            vocab_size=cfg.vocab_size,
-            max_context=cfg.max_context,
-            bos_token_id=cfg.bos_token_id,
-            eos_token_ids=cfg.eos_token_ids,
-            pad_token_id=cfg.pad_token_id,
-            num_parameters=self.weights.num_parameters,
-            hidden_size=cfg.hidden_size,
-        )
+        self._info = cfg.model_info(name=cfg.name, num_parameters=self.weights.num_parameters)
         self._free: list[_Context] = []
 
     @property
