@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from gguf_files import write_gguf
 from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.model import ModelDrafter
@@ -108,50 +109,6 @@ def test_gguf_4bit_blocks_map_exactly_onto_int4_codes(kind: Q) -> None:
     assert int(codes.codes.max()) <= 15
 
 
-def _write_gguf(path: Path, model: LlamaLM, layer_type: Q) -> None:
-    """A tiny llama-architecture GGUF of ``model``'s weights: linear layers as
-    ``layer_type``, the (tied) embedding as Q8_0, norms as F32."""
-    cfg = model.net.cfg
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(cfg.num_layers)
-    writer.add_context_length(cfg.max_context)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_heads)
-    writer.add_head_count_kv(cfg.num_kv_heads)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
-    names = {
-        "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output",
-        "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
-        "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "ffn_norm",
-    }
-
-    def add(name: str, values: torch.Tensor, kind: Q) -> None:
-        array = values.detach().float().numpy()
-        if kind == Q.F32:
-            writer.add_tensor(name, array)
-        else:
-            writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
-
-    add("token_embd.weight", model.net.embed_tokens.weight, Q.Q8_0)
-    add("output_norm.weight", model.net.norm.weight, Q.F32)
-    for i, block in enumerate(model.net.layers):
-        for module, short in names.items():
-            weight = block.get_submodule(module).weight
-            add(f"blk.{i}.{short}.weight", weight, Q.F32 if "norm" in module else layer_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 def _quantisable_toy() -> LlamaLM:
     """Toy model whose shapes the int4 kernel takes (out % 16, in % 32)."""
     return toy_model(5, config=toy_config(vocab_size=96, hidden_size=64), scale=3.0)
@@ -165,7 +122,7 @@ def test_gguf_file_runs_quantised_close_to_its_dequantised_model(
     logits stay within bf16-activation error of the dequantised fp32 model. Bound: 2% of
     the logits' spread (measured: ~0.3%)."""
     path = tmp_path / f"toy-{layer_type.name}.gguf"
-    _write_gguf(path, _quantisable_toy(), layer_type)
+    write_gguf(path, _quantisable_toy(), layer_type)
     dense = load_model(path)
     quantised = load_model(path, quantize="int4")
     assert isinstance(quantised, LlamaLM)
@@ -181,7 +138,7 @@ def test_gguf_file_runs_quantised_close_to_its_dequantised_model(
 
 def test_quantize_needs_the_native_runtime_and_a_known_mode(tmp_path: Path) -> None:
     path = tmp_path / "toy.gguf"
-    _write_gguf(path, _quantisable_toy(), Q.Q4_1)
+    write_gguf(path, _quantisable_toy(), Q.Q4_1)
     with pytest.raises(ModelLoadError, match="unknown quantization"):
         load_model(path, quantize="int3")  # type: ignore[arg-type]
 

@@ -1,6 +1,12 @@
 """Loading what a benchmark compares, per dtype: the target twice (spectune's runtime and
 transformers), the drafts, and the systems built from them.
 
+The ``llamacpp`` "dtype" is a runtime: the target GGUF on llama.cpp's kernels in its own
+tensor types (``spectune.models.llamacpp``), with spectune's plain and speculative systems
+running through the same engine, draft models on llama.cpp too, no transformers systems,
+and llama.cpp's own plain and prompt-lookup decoding as anchors (``spectune.bench.anchors``,
+system key ``llamacpp``). Feature-head drafts cannot run on it and are skipped with a note.
+
 The ``random`` draft is deliberately useless: a Llama-family model with random weights,
 sized like a small draft and sharing the target's vocabulary and special tokens, so it is
 compatible but never right. Its output layer is scaled so it is also *confident* (top
@@ -19,6 +25,7 @@ from typing import Any
 
 import torch
 
+from spectune.bench.anchors import llama_cpp_python_systems
 from spectune.bench.plan import BenchConfig, parse_tree_shape
 from spectune.bench.systems import HFSystem, SpectuneSystem, System, SystemInfo
 from spectune.control.base import FixedK, KPolicy
@@ -36,9 +43,10 @@ from spectune.drafters.pairing import (
     tree_drafter_for,
 )
 from spectune.drafters.tree import TreeShape
-from spectune.errors import InvalidParameterError
+from spectune.errors import IncompatibleModelsError, InvalidParameterError
 from spectune.models.base import LanguageModel, ModelInfo
 from spectune.models.llama import LlamaConfig, LlamaLM
+from spectune.models.llamacpp import LLAMACPP
 from spectune.models.loading import resolve_model_path, save_native
 from spectune.models.quant import PRECISIONS, quantize_net
 from spectune.models.toy import toy_model
@@ -55,6 +63,7 @@ __all__ = [
 ]
 
 CURVE_SIZES = (1, 2, 4, 8, 16)  # tokens per forward in the reported verification-cost curve
+ANCHOR_CONTEXT = 2048  # tokens an anchor's llama.cpp context holds (prompt + new tokens)
 RANDOM_DRAFT_SCALE = 8.0  # logit spread of the random draft: confident and wrong
 
 
@@ -238,19 +247,26 @@ def load_workbench(
     ``scratch`` holds the random draft's HF folder for transformers (a temporary folder
     when None).
     """
-    if dtype_name not in PRECISIONS:
-        raise InvalidParameterError(f"unknown dtype {dtype_name!r} ({', '.join(PRECISIONS)})")
-    precision = PRECISIONS[dtype_name]
+    if dtype_name not in (*PRECISIONS, LLAMACPP):
+        raise InvalidParameterError(
+            f"unknown dtype {dtype_name!r} ({', '.join((*PRECISIONS, LLAMACPP))})"
+        )
+    on_llamacpp = dtype_name == LLAMACPP
+    precision = PRECISIONS["fp32" if on_llamacpp else dtype_name]
     dtype, quantize = precision.dtype, precision.quantize
+    runtime = LLAMACPP if on_llamacpp else "native"
     # The weight-only kernels are CPU kernels: int8 / int4 run there whatever the device.
-    device = torch.device("cpu" if quantize != "none" else config.device)
+    device = torch.device("cpu" if quantize != "none" or on_llamacpp else config.device)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     loaded = load_target(
-        config.target, dtype=dtype, runtime="native", quantize=quantize, device=device
+        config.target, dtype=dtype, runtime=runtime, quantize=quantize, device=device
     )
     notes: list[str] = []
     needs_hf = any(config.runs(key) for key in ("hf", "hf-assisted", "hf-heuristic", "hf-lookup"))
-    if needs_hf and quantize != "none":
+    if needs_hf and on_llamacpp:
+        needs_hf = False
+        notes.append(f"{dtype_name}: no transformers systems (it runs no llama.cpp kernels)")
+    elif needs_hf and quantize != "none":
         needs_hf = False
         notes.append(
             f"{dtype_name}: no transformers systems (transformers runs no weight-only "
@@ -276,13 +292,25 @@ def load_workbench(
             quantize_net(drafter_model.net, quantize)
             drafts.append(DraftSource("random", ModelDrafter(drafter_model), assistant))
         elif is_suffix_spec(spec):
-            suffix = load_drafter(spec, loaded, dtype=dtype, runtime="native")
+            try:
+                suffix = load_drafter(spec, loaded, dtype=dtype, runtime=runtime)
+            except IncompatibleModelsError as exc:  # a hybrid's feature head on llama.cpp
+                if not on_llamacpp:
+                    raise
+                notes.append(f"{dtype_name}: draft '{spec}' skipped: {exc}")
+                continue
             if suffix is not None:  # no transformers counterpart: no HF systems for it
                 drafts.append(DraftSource(spec, suffix))
         else:
-            drafter = load_drafter(
-                spec, loaded, dtype=dtype, runtime="native", quantize=quantize, device=device
-            )
+            try:
+                drafter = load_drafter(
+                    spec, loaded, dtype=dtype, runtime=runtime, quantize=quantize, device=device
+                )
+            except IncompatibleModelsError as exc:
+                if not on_llamacpp:
+                    raise
+                notes.append(f"{dtype_name}: draft '{spec}' skipped: {exc}")
+                continue
             if drafter is None:
                 continue
             path = resolve_model_path(spec)
@@ -300,7 +328,21 @@ def load_workbench(
             drafts.append(DraftSource(label, drafter, assistant))
     curves = measure_curves(loaded.model, hf_target, repeats=curve_repeats)
     systems = build_systems(config, loaded.model, hf_target, drafts, notes, curves["spectune"])
+    if on_llamacpp and config.runs(LLAMACPP):
+        systems += _anchors(config, loaded, notes)
     return Workbench(dtype_name, loaded.model, hf_target, systems, curves, notes), loaded
+
+
+def _anchors(config: BenchConfig, loaded: Loaded, notes: list[str]) -> list[System]:
+    """llama.cpp's own plain and prompt-lookup decoding at each fixed K, when the high-level
+    ``llama_cpp`` package imports (the backend itself needs only its low-level module)."""
+    try:
+        return llama_cpp_python_systems(
+            loaded.path, loaded.model.info.eos_token_ids, ANCHOR_CONTEXT, config.ks
+        )
+    except ImportError as exc:
+        notes.append(f"{LLAMACPP}: no llama.cpp anchor systems ({exc})")
+        return []
 
 
 def measure_curves(

@@ -38,6 +38,8 @@ SYSTEM_KEYS = {
     "hf-assisted": "transformers assisted generation with each draft model, default settings",
     "hf-heuristic": "the same with the 'heuristic' num_assistant_tokens_schedule",
     "hf-lookup": "transformers prompt lookup (prompt_lookup_num_tokens)",
+    "llamacpp": "with --dtype llamacpp: llama.cpp's own plain decoding and prompt lookup at "
+    "each fixed K (llama-cpp-python's Llama class)",
 }
 
 
@@ -48,7 +50,7 @@ class BenchConfig:
     temperatures: tuple[float, ...] = (0.0,)
     max_tokens: int = 64
     repeats: int = 3
-    dtypes: tuple[str, ...] = ("fp32",)  # precisions: fp32, bf16, int8, int4
+    dtypes: tuple[str, ...] = ("fp32",)  # precisions fp32, bf16, int8, int4; or llamacpp
     device: str = "cpu"  # resolved (cpu or cuda); int8 / int4 always run on the CPU
     ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     policies: tuple[str, ...] = ("threshold", "cost")

@@ -240,7 +240,7 @@ def _row(
     rates = _tps_over_repeats(group)
     counts = _counts(group)
     ks = [k for m in group for k in m.result.ks]
-    speculative = info.family not in ("spectune-plain", "hf-generate")
+    speculative = info.family not in ("spectune-plain", "hf-generate", "llamacpp-plain")
     alpha, cost, predicted = (
         # The chain model does not describe a tree (it verifies nodes, not K tokens).
         _bound(group, curve)

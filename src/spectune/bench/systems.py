@@ -39,7 +39,15 @@ __all__ = [
 ]
 
 # Families, in the order tables list them.
-FAMILIES = ("spectune-plain", "spectune", "hf-generate", "hf-assisted", "hf-lookup")
+FAMILIES = (
+    "spectune-plain",
+    "spectune",
+    "hf-generate",
+    "hf-assisted",
+    "hf-lookup",
+    "llamacpp-plain",  # llama.cpp's own decoding (spectune.bench.anchors)
+    "llamacpp-lookup",
+)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ def _names(text: str) -> tuple[str, ...]:
 def register(subparsers: Any) -> None:
     from spectune.bench.plan import SYSTEM_KEYS
     from spectune.cli.common import add_device_arg
+    from spectune.models.llamacpp import LLAMACPP
     from spectune.models.quant import PRECISIONS
 
     parser = subparsers.add_parser(
@@ -51,9 +52,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--dtype",
         action="append",
-        choices=tuple(PRECISIONS),
+        choices=(*PRECISIONS, LLAMACPP),
         default=None,
-        help="repeatable: fp32, bf16, int8, int4 (weight-only kernels on the CPU)",
+        help="repeatable: fp32, bf16, int8, int4 (weight-only kernels on the CPU), or "
+        "llamacpp (the GGUF on llama.cpp's kernels, with llama.cpp's own decoding as anchors; "
+        "needs spectune[llamacpp])",
     )
     add_device_arg(parser)
     parser.add_argument("--k", default="1,2,4,6,8", help="fixed Ks, comma-separated")

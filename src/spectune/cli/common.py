@@ -13,6 +13,8 @@ from spectune.drafters.base import Drafter
 from spectune.drafters.pairing import Loaded, drafter_summary, load_drafter, load_target
 from spectune.errors import InvalidParameterError
 from spectune.models.devices import DEVICES, resolve_device
+from spectune.models.llamacpp import LLAMACPP
+from spectune.models.loading import RUNTIMES
 from spectune.models.quant import PRECISIONS, Precision
 from spectune.sampling import SamplingParams
 
@@ -21,6 +23,7 @@ __all__ = [
     "add_device_arg",
     "add_model_args",
     "add_precision_args",
+    "add_runtime_arg",
     "add_sampling_args",
     "load_models",
     "parse_numbers",
@@ -51,7 +54,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "'suffix[:INDEX]' (suffix drafting; docs/suffix.md), 'hybrid' or 'suffix+DRAFT', "
         "or 'none'",
     )
-    parser.add_argument("--runtime", default="auto", choices=("auto", "native", "hf"))
+    add_runtime_arg(parser)
     add_precision_args(parser)
     parser.add_argument(
         "--allow-missing-weights",
@@ -64,6 +67,17 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="pair a draft that ships no tokenizer without comparing its token strings "
         "with the target's (warns). Default: refuse",
+    )
+
+
+def add_runtime_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runtime",
+        default="auto",
+        choices=RUNTIMES,
+        help="auto (native for Llama-family models, else transformers), native, hf "
+        "(transformers), or llamacpp (a .gguf on llama.cpp's kernels: pip install "
+        "'spectune[llamacpp]'; no token trees, no feature-head drafts)",
     )
 
 
@@ -87,7 +101,9 @@ def add_device_arg(parser: argparse.ArgumentParser) -> None:
 
 def precision_from_args(args: argparse.Namespace) -> tuple[Precision, torch.device]:
     precision = parse_precision(args.dtype)
-    return precision, resolve_device(args.device, cpu_kernels=precision.quantize != "none")
+    # llama.cpp offloads to a GPU only when asked (--device cuda): its build may have none.
+    cpu_kernels = precision.quantize != "none" or getattr(args, "runtime", None) == LLAMACPP
+    return precision, resolve_device(args.device, cpu_kernels=cpu_kernels)
 
 
 def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from spectune.errors import InvalidParameterError
 from spectune.experiments.common import Setup, load_setup, toy_setup
+from spectune.models.llamacpp import LLAMACPP
 
 __all__ = ["register"]
 
@@ -81,7 +82,8 @@ def register(subparsers: Any) -> None:
     runtimes.add_argument(
         "--precisions",
         default="fp32,bf16,int8,int4",
-        help="comma-separated, the first is the reference (runtimes; test prompts)",
+        help="comma-separated fp32, bf16, int8, int4 or llamacpp (the GGUF on llama.cpp's "
+        "kernels); the first is the reference (runtimes; test prompts)",
     )
     history = parser.add_argument_group("history (suffix drafting across requests)")
     history.add_argument("--requests", type=int, default=100, help="requests served in turn")
@@ -311,9 +313,13 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
     from spectune.experiments.runtimes import compare_runtimes
     from spectune.models.base import LanguageModel
 
-    precisions = [parse_precision(name) for name in args.precisions.split(",") if name]
-    if not precisions:
+    names = [name for name in args.precisions.split(",") if name]
+    # "llamacpp": the GGUF on llama.cpp's kernels (its own tensor types), not a precision.
+    precisions = [parse_precision(n) for n in names if n != LLAMACPP]
+    if not names:
         raise InvalidParameterError("--precisions: give at least one")
+    if args.toy and LLAMACPP in names:
+        raise InvalidParameterError("--precisions llamacpp needs a GGUF target, not --toy")
     models: dict[str, LanguageModel] = {}
     prompts: list[tuple[int, ...]]
     if args.toy:
@@ -334,16 +340,22 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
         from spectune.drafters.pairing import load_target
         from spectune.prompts import load_prompts
 
-        for precision in precisions:
-            loaded = load_target(args.target, dtype=precision.dtype, quantize=precision.quantize)
-            models[precision.name] = loaded.model
+        for name in names:
+            if name == LLAMACPP:
+                loaded = load_target(args.target, runtime=LLAMACPP)
+            else:
+                precision = parse_precision(name)
+                loaded = load_target(
+                    args.target, dtype=precision.dtype, quantize=precision.quantize
+                )
+            models[name] = loaded.model
         prompts = [
             tuple(p.tokens(loaded.tokenizer))
             for p in load_prompts(split="test", limit_per_category=args.per_category)
         ]
         description = f"{loaded.model.info.name}, test prompts"
     results = compare_runtimes(models, prompts, max_tokens=args.max_tokens or 48)
-    reference = precisions[0].name
+    reference = names[0]
     base_speed = max(results[0].tokens_per_second, 1e-9)
     _table(
         f"Runtimes ({description}, {len(prompts)} prompts, {torch.get_num_threads()} threads; "

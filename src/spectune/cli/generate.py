@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+import torch
+
 from spectune.cli.common import (
     add_model_args,
     add_sampling_args,
@@ -65,6 +67,12 @@ def register(subparsers: Any) -> None:
         help="expand only tree nodes whose cumulative draft probability reaches this",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads: torch's, and llama.cpp's with --runtime llamacpp (default: torch's)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -163,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
     spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
     policy = build_policy(spec, params=params)  # checks the options before loading models
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidParameterError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     target, drafter = load_models(args)
     if args.tree_width is not None or args.tree_nodes is not None:
         drafter = tree_drafter(drafter, target.model, args)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spectune.cli.common import add_precision_args, precision_from_args
+from spectune.cli.common import add_precision_args, add_runtime_arg, precision_from_args
 from spectune.drafters.pairing import is_suffix_spec, load_target
 from spectune.errors import InvalidParameterError
 from spectune.models.loading import resolve_model_path
@@ -60,6 +60,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--report-dir", type=Path, default=Path("select-report"))
     add_precision_args(parser)
+    add_runtime_arg(parser)
     parser.set_defaults(run=run)
 
 
@@ -82,11 +83,16 @@ def run(args: argparse.Namespace) -> int:
         confirm=not args.no_confirm,
         precision=precision,
         device=device,
+        runtime=args.runtime,
         trust_draft_vocab=args.trust_draft_vocab,
     )
     check_candidate_paths(args.candidates)
     target = load_target(
-        args.target, dtype=precision.dtype, quantize=precision.quantize, device=device
+        args.target,
+        dtype=precision.dtype,
+        quantize=precision.quantize,
+        device=device,
+        runtime=args.runtime,
     )
     chosen = load_prompts(
         args.prompts,

@@ -65,8 +65,7 @@ from spectune.drafters.base import DraftRequest, DraftSession, DraftSource, Targ
 from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
-from spectune.models.kv_cache import StaticKVCache
-from spectune.models.rows import forward_row, forward_rows
+from spectune.models.rows import RowsCache, forward_row, forward_rows
 from spectune.records import StopCondition, drafter_error
 from spectune.sampling import SamplingParams
 from spectune.verify.draft import verify_draft
@@ -141,8 +140,10 @@ class BatchEngine:
             raise InvalidParameterError(
                 f"the target cannot decode a batch of {max_batch}: {exc}"
             ) from exc
-        if max_batch > 1 and not isinstance(self.cache, StaticKVCache):
-            raise InvalidParameterError("batches of more than one need the native runtime")
+        if max_batch > 1 and not isinstance(self.cache, RowsCache):
+            raise InvalidParameterError(
+                "batches of more than one need the native or llama.cpp runtime"
+            )
         self.capacity = min(capacity, self.cache.capacity - CHUNK_SLACK)
         if self.capacity < 2:
             raise InvalidParameterError("the target's context is too short to batch")
@@ -247,7 +248,7 @@ class BatchEngine:
         if seq.row != last:
             # Keep the active rows a prefix: the last row's sequence moves into the hole.
             moved = self._rows[last]
-            if isinstance(self.cache, StaticKVCache):
+            if isinstance(self.cache, RowsCache):
                 self.cache.copy_row(last, seq.row)
             if self.drafter is not None and not self._drafter_late():
                 self.drafter.move(last, seq.row)

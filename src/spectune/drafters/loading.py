@@ -29,6 +29,7 @@ from spectune.errors import IncompatibleModelsError, ModelLoadError
 from spectune.models.base import LanguageModel
 from spectune.models.feature_head import FeatureHead, FeatureHeadConfig
 from spectune.models.llama import LlamaLM, LlamaTransformer
+from spectune.models.llamacpp import refuse_feature_head
 
 __all__ = [
     "DRAFT_META_FILE",
@@ -127,6 +128,7 @@ def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDra
     meta = read_draft_meta(path)
     if meta is None or meta.kind != "feature":
         raise ModelLoadError(f"{path} is not a feature-head draft folder")
+    refuse_feature_head(target)
     if not isinstance(target, LlamaLM):
         raise IncompatibleModelsError(
             "a feature-head draft reads the target's weights: the target must run natively"

@@ -32,8 +32,7 @@ from spectune.drafters.base import DraftRequest, OneRow, TargetFeatures, propose
 from spectune.drafters.reduced import scatter_to_vocab
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
-from spectune.models.kv_cache import StaticKVCache
-from spectune.models.rows import forward_row, ragged_forward
+from spectune.models.rows import RowsCache, forward_row, ragged_forward
 from spectune.sampling import SamplingParams, process_logits, sample_from
 
 __all__ = ["ModelDrafter", "ModelSession", "choose_token", "common_prefix"]
@@ -142,7 +141,7 @@ class ModelSession:
             self.ingested[row] = list(prompt[:-1])
 
     def move(self, src: int, dst: int) -> None:
-        if isinstance(self.cache, StaticKVCache):
+        if isinstance(self.cache, RowsCache):
             self.cache.copy_row(src, dst)
         self.ingested[dst], self.ingested[src] = self.ingested[src], []
         self.cache.truncate(0, src)

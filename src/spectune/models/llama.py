@@ -46,6 +46,20 @@ class LlamaConfig:
     family: str = "llama"
     name: str = "llama"
 
+    def model_info(self, *, name: str, num_parameters: int) -> ModelInfo:
+        """What pairing and decoding need to know of a model with this configuration."""
+        return ModelInfo(
+            name=name,
+            family=self.family,
+            vocab_size=self.vocab_size,
+            max_context=self.max_context,
+            bos_token_id=self.bos_token_id,
+            eos_token_ids=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            num_parameters=num_parameters,
+            hidden_size=self.hidden_size,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["eos_token_ids"] = list(self.eos_token_ids)
@@ -250,16 +264,8 @@ class LlamaLM:
     def __init__(self, net: LlamaTransformer, *, name: str | None = None) -> None:
         self.net = net.eval()
         cfg = net.cfg
-        self._info = ModelInfo(
-            name=name or cfg.name,
-            family=cfg.family,
-            vocab_size=cfg.vocab_size,
-            max_context=cfg.max_context,
-            bos_token_id=cfg.bos_token_id,
-            eos_token_ids=cfg.eos_token_ids,
-            pad_token_id=cfg.pad_token_id,
-            num_parameters=sum(p.numel() for p in net.parameters()),
-            hidden_size=cfg.hidden_size,
+        self._info = cfg.model_info(
+            name=name or cfg.name, num_parameters=sum(p.numel() for p in net.parameters())
         )
         self.feature_layers: tuple[int, ...] = ()  # () = the last hidden state only
 

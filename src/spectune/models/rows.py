@@ -2,35 +2,52 @@
 
 The batched engine (``spectune.decode.batch``) and the batched drafters
 (``spectune.drafters.model``, ``spectune.drafters.feature``) forward the active
-rows, one joining row, or ragged chunks padded per row through these.
+rows, one joining row, or ragged chunks padded per row through these. A cache that can do
+this is a ``RowsCache``: the native runtime's ``StaticKVCache`` and llama.cpp's
+``LlamaCppCache``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from torch import Tensor
 
 from spectune.models.base import KVCache, LanguageModel, ModelOutput
-from spectune.models.kv_cache import StaticKVCache
 
-__all__ = ["forward_row", "forward_rows", "ragged_forward", "row_view"]
+__all__ = ["RowsCache", "forward_row", "forward_rows", "ragged_forward", "row_view"]
 
 T = TypeVar("T")
+
+
+@runtime_checkable
+class RowsCache(KVCache, Protocol):
+    """A cache of several sequences whose rows can be used on their own and moved."""
+
+    lengths: list[int]  # tokens held per row
+
+    def rows(self, start: int, stop: int) -> RowsCache:
+        """Rows ``[start, stop)`` as a cache sharing this one's storage; its ``lengths`` are
+        a copy the caller writes back."""
+        ...
+
+    def copy_row(self, src: int, dst: int) -> None:
+        """Make row ``dst`` hold what row ``src`` holds."""
+        ...
 
 
 @contextmanager
 def row_view(cache: KVCache, start: int, stop: int) -> Iterator[KVCache]:
     """Rows ``[start, stop)`` of ``cache`` as a cache of their own, their lengths written back
-    on exit. The whole cache is itself (a cache that is not a ``StaticKVCache`` holds one
+    on exit. The whole cache is itself (a cache that is not a ``RowsCache`` holds one
     sequence and can only be used whole)."""
     if start == 0 and stop == cache.batch_size:
         yield cache
         return
-    if not isinstance(cache, StaticKVCache):
-        raise TypeError("row views need the native runtime's StaticKVCache")
+    if not isinstance(cache, RowsCache):
+        raise TypeError("row views need a cache of several rows (RowsCache)")
     view = cache.rows(start, stop)
     try:
         yield view

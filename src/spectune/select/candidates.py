@@ -85,6 +85,7 @@ def resolve_candidate(
     trust_draft_vocab: bool = False,
     precision: Precision = PRECISIONS["fp32"],
     device: torch.device | str = "cpu",
+    runtime: str = "auto",
 ) -> Candidate:
     if spec == "ngram":
         return Candidate(spec, "ngram", NgramDrafter(), None, ())
@@ -101,7 +102,13 @@ def resolve_candidate(
                 drafter.head.cfg.hidden_size
             )
             return Candidate(spec, "feature", drafter, params, ())
-        model = load_model(path, dtype=precision.dtype, quantize=precision.quantize, device=device)
+        model = load_model(
+            path,
+            dtype=precision.dtype,
+            quantize=precision.quantize,
+            device=device,
+            runtime=runtime,
+        )
         problems = pairing_problems(
             model, draft_tokenizer(path), meta, target, trust_draft_vocab=trust_draft_vocab
         )

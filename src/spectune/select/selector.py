@@ -56,6 +56,7 @@ class SelectSettings:
     # loaded by the caller with the same ones).
     precision: Precision = PRECISIONS["fp32"]
     device: torch.device = torch.device("cpu")
+    runtime: str = "auto"  # candidate draft models' runtime (the target's: --runtime)
     trust_draft_vocab: bool = False  # pair drafts without a tokenizer (spectune.drafters.pairing)
 
     def __post_init__(self) -> None:
@@ -274,6 +275,7 @@ def select(
             trust_draft_vocab=settings.trust_draft_vocab,
             precision=settings.precision,
             device=settings.device,
+            runtime=settings.runtime,
         )
         results.append(
             _evaluate(candidate, target, continuations, curve, settings, confirm_prompts, baseline)
