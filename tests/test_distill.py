@@ -142,3 +142,49 @@ def test_shipped_draft_serves_the_default_target(smollm2) -> None:  # type: igno
     spec = SpeculativeEngine(smollm2.model, drafter).run(prompt, params)
     assert spec.tokens == plain.tokens
     assert all(s.fallback is None for s in spec.steps)
+
+
+def test_gpt2_family_draft_distils_and_loads_through_transformers(
+    toy_target: LlamaLM, corpus: DistillCorpus, tmp_path: Path
+) -> None:
+    """Another architecture family, same pipeline: the KL falls, and the exported folder
+    runs through transformers as a draft that keeps the target's greedy output."""
+    from spectune.drafters.model import ModelDrafter
+    from spectune.models.hf import load_hf_model
+
+    arch = DraftArchitecture(
+        kind="gpt2", num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=64
+    )
+
+    def run(steps: int, out: Path):  # type: ignore[no-untyped-def]
+        return distill(
+            toy_target,
+            (corpus, DistillCorpus([])),
+            arch,
+            out,
+            vocab_size=None,
+            settings=SETTINGS,
+            budget=Budget(max_steps=steps),
+            heldout_sequences=8,
+            training_record={"command": "test"},
+        )
+
+    untrained, trained = run(0, tmp_path / "untrained"), run(120, tmp_path / "trained")
+    first, last = trained.state.curve[0], trained.state.curve[-1]
+    assert last.heldout_kl < 0.7 * first.heldout_kl
+    draft = load_hf_model(trained.folder)
+    assert draft.info.family == "gpt2"
+    before = _acceptance(toy_target, ModelDrafter(load_hf_model(untrained.folder)))
+    assert _acceptance(toy_target, ModelDrafter(draft)) > before + 0.1
+    with pytest.raises(InvalidParameterError, match="full vocabulary"):
+        distill(
+            toy_target,
+            (corpus, DistillCorpus([])),
+            arch,
+            tmp_path / "subset",
+            vocab_size=48,
+            settings=SETTINGS,
+            budget=Budget(max_steps=1),
+            heldout_sequences=8,
+            training_record={},
+        )
