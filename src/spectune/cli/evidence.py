@@ -68,6 +68,12 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(f"--stages: unknown {unknown}; choose from {','.join(STAGES)}")
     if args.distill_minutes <= 0 or args.long_tokens < 8:
         raise InvalidParameterError("--distill-minutes must be > 0 and --long-tokens >= 8")
+    if args.answer_shards is not None and args.answer_shards < 1:
+        raise InvalidParameterError("--answer-shards must be >= 1")
+    from spectune.experiments.evidence.drafts import parse_sizes
+
+    for sizes in (args.draft_sizes, args.family_size):
+        parse_sizes(sizes)  # a bad size fails before anything loads
     if args.tune_report is not None and not args.tune_report.is_file():
         raise InvalidParameterError(f"--tune-report {args.tune_report}: no such file")
     if args.toy and args.threads is None:
