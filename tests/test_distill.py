@@ -44,6 +44,28 @@ def _acceptance(target: LlamaLM, drafter: object) -> float:
     return accepted / drafted
 
 
+def _distill(  # type: ignore[no-untyped-def]
+    target: LlamaLM,
+    corpus: DistillCorpus,
+    arch: DraftArchitecture,
+    out: Path,
+    steps: int,
+    *,
+    vocab_size: int | None,
+):
+    return distill(
+        target,
+        (corpus, DistillCorpus([])),
+        arch,
+        out,
+        vocab_size=vocab_size,
+        settings=SETTINGS,
+        budget=Budget(max_steps=steps),
+        heldout_sequences=8,
+        training_record={"command": "test"},
+    )
+
+
 def _drafter(kind: str, folder: Path, target: LlamaLM) -> object:
     if kind == "feature":
         return feature_drafter_from_folder(folder, target)
@@ -59,17 +81,7 @@ def test_distillation_lowers_kl_and_raises_acceptance(
     )
 
     def run(steps: int, out: Path):  # type: ignore[no-untyped-def]
-        return distill(
-            toy_target,
-            (corpus, DistillCorpus([])),
-            arch,
-            out,
-            vocab_size=48,
-            settings=SETTINGS,
-            budget=Budget(max_steps=steps),
-            heldout_sequences=8,
-            training_record={"command": "test"},
-        )
+        return _distill(toy_target, corpus, arch, out, steps, vocab_size=48)
 
     untrained = run(0, tmp_path / "untrained")
     trained = run(180, tmp_path / "trained")
@@ -157,17 +169,7 @@ def test_gpt2_family_draft_distils_and_loads_through_transformers(
     )
 
     def run(steps: int, out: Path):  # type: ignore[no-untyped-def]
-        return distill(
-            toy_target,
-            (corpus, DistillCorpus([])),
-            arch,
-            out,
-            vocab_size=None,
-            settings=SETTINGS,
-            budget=Budget(max_steps=steps),
-            heldout_sequences=8,
-            training_record={"command": "test"},
-        )
+        return _distill(toy_target, corpus, arch, out, steps, vocab_size=None)
 
     untrained, trained = run(0, tmp_path / "untrained"), run(120, tmp_path / "trained")
     first, last = trained.state.curve[0], trained.state.curve[-1]
@@ -177,14 +179,4 @@ def test_gpt2_family_draft_distils_and_loads_through_transformers(
     before = _acceptance(toy_target, ModelDrafter(load_hf_model(untrained.folder)))
     assert _acceptance(toy_target, ModelDrafter(draft)) > before + 0.1
     with pytest.raises(InvalidParameterError, match="full vocabulary"):
-        distill(
-            toy_target,
-            (corpus, DistillCorpus([])),
-            arch,
-            tmp_path / "subset",
-            vocab_size=48,
-            settings=SETTINGS,
-            budget=Budget(max_steps=1),
-            heldout_sequences=8,
-            training_record={},
-        )
+        _distill(toy_target, corpus, arch, tmp_path / "subset", 1, vocab_size=48)

@@ -184,6 +184,10 @@ def _drafts_stage(
         settings = TrainSettings()
 
     def measure() -> dict[str, Any]:
+        # Trained drafts and corpus features are large and rebuilt by the command: keep
+        # them out of git wherever the output folder is.
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / ".gitignore").write_text("drafts/\nanswer-features/\n", encoding="utf-8")
         distill_drafts(
             _target_net(setup),
             _corpora(args, setup, out_dir),

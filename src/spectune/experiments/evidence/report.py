@@ -247,7 +247,7 @@ def write_report(
         lines += ["", f"## {f.title}", "", f"**Rule.** {f.rule}", ""]
         lines.append(f"**Measured.** {f.measured}")
         lines += ["", f"**Command.** `{stage_command.format(stages=','.join(f.stages))}`", ""]
-        lines.append(f"**Verdict: {f.verdict}.**")
+        lines.append(f"**Verdict: {f.verdict}.** ({f.criterion}.)")
         if f.plot and f.plot in names:
             lines += ["", f"![{f.title}]({plot_dir}/{f.plot})"]
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ A ``Finding`` is one report section: the rule as the seed states it, what was me
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ class Finding:
     title: str
     rule: str  # as the seed states it
     stages: tuple[str, ...]  # the stages whose files hold the figures
+    criterion: str = ""  # how the verdict is decided, in words
     verdict: str = NOT_RUN
     measured: str = ""  # the finding in words, figures included
     figures: Mapping[str, float] = field(default_factory=dict)  # read from the stage data
@@ -285,7 +287,9 @@ def _done(
     figures: Mapping[str, float],
     plot: str | None = None,
 ) -> Finding:
-    return Finding(f.key, f.title, f.rule, f.stages, verdict, measured, dict(figures), plot)
+    return dataclasses.replace(
+        f, verdict=verdict, measured=measured, figures=dict(figures), plot=plot
+    )
 
 
 def _drafts(s: Stages, family: str) -> list[Mapping[str, Any]]:
@@ -346,9 +350,9 @@ Judge = Callable[[Finding, Stages], Finding]
 
 
 def _rule(
-    key: str, title: str, statement: str, stages: tuple[str, ...], judge: Judge
+    key: str, title: str, statement: str, stages: tuple[str, ...], judge: Judge, criterion: str
 ) -> tuple[Finding, Judge]:
-    return Finding(key, title, statement, stages), judge
+    return Finding(key, title, statement, stages, criterion=criterion), judge
 
 
 RULES: tuple[tuple[Finding, Judge], ...] = (
@@ -358,6 +362,8 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Drafts of 1/10 to 1/4 of the target's size work best.",
         ("drafts",),
         _draft_size,
+        "holds when the draft with the best predicted speedup is 1/10 to 1/4 of the target; "
+        "otherwise the best share is the different number",
     ),
     _rule(
         "tiny-draft",
@@ -365,6 +371,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Under 1/20 of the target's size, acceptance falls below 50%.",
         ("drafts",),
         _tiny_draft,
+        "holds when every draft under 1/20 of the target has greedy alpha below 50%",
     ),
     _rule(
         "family",
@@ -372,6 +379,9 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "A draft from another architecture family loses 15-25% acceptance.",
         ("drafts",),
         _family,
+        "holds when the GPT-2-style draft's greedy alpha is 15-25% below the Llama-style draft's "
+        "nearest in size; a different number when it is lower by another share; does not hold when"
+        " it is not lower",
     ),
     _rule(
         "temperature",
@@ -379,6 +389,8 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "T > 1 costs 10-20% acceptance.",
         ("temperature",),
         _temperature,
+        "the cost is 1 - (mean alpha over the measured T > 1) / (alpha at T = 0); holds at 10-20%,"
+        " a different number when positive elsewhere, does not hold when not positive",
     ),
     _rule(
         "code",
@@ -386,6 +398,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Code is accepted less often than chat.",
         ("temperature",),
         _code,
+        "holds when code's greedy alpha is below multi-turn chat's",
     ),
     _rule(
         "position",
@@ -393,23 +406,53 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Acceptance falls late in long outputs.",
         ("position",),
         _position,
+        "over outputs that reach the long length, holds when acceptance in the last quarter of "
+        "positions is below the first quarter's",
     ),
-    _rule("trees", "Trees", "Trees add 15-30%.", ("tree",), _trees),
-    _rule("start-k", "Initial K", "Start K at 3-4.", ("policies",), _start_k),
+    _rule(
+        "trees",
+        "Trees",
+        "Trees add 15-30%.",
+        ("tree",),
+        _trees,
+        "the best tokens/s gain of a tree over a chain of equal target cost at T = 0; holds at "
+        "15-30%, a different number when positive elsewhere, does not hold when not positive",
+    ),
+    _rule(
+        "start-k",
+        "Initial K",
+        "Start K at 3-4.",
+        ("policies",),
+        _start_k,
+        "holds when the fastest fixed K at T = 0 is 3 or 4; otherwise that K is the different "
+        "number",
+    ),
     _rule(
         "k-bands",
         "Raising and lowering K",
         "Raise K above 80% acceptance, lower it below 60%.",
         ("policies",),
         _k_bands,
+        "holds when the seed's threshold controller runs within 5% of the fastest fixed K at T = 0"
+        " (tokens/s)",
     ),
-    _rule("hot-k", "K at high temperature", "Use K - 1 above T = 0.7.", ("policies",), _hot_k),
+    _rule(
+        "hot-k",
+        "K at high temperature",
+        "Use K - 1 above T = 0.7.",
+        ("policies",),
+        _hot_k,
+        "holds when the fastest fixed K above T = 0.7 is one below the fastest at T = 0; a "
+        "different number when lower by more; does not hold when not lower",
+    ),
     _rule(
         "pause",
         "Pausing",
         "Pause speculation after 5 steps under 50% acceptance.",
         ("policies",),
         _pause,
+        "holds when the controller with the pause runs at 98% or more of its speed without the "
+        "pause at every temperature measured",
     ),
     _rule(
         "disable",
@@ -417,6 +460,9 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Disable speculation when drafting costs over 50% of a target step.",
         ("costs", "temperature"),
         _disable,
+        "the break-even draft cost max over K of (E[tokens per step] - v(K)) / K from alpha at T ="
+        " 0 and the measured cost curve v; holds within 40-60% of a target step, otherwise it is "
+        "the different number",
     ),
     _rule(
         "memory",
@@ -424,6 +470,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Verification needs more memory as K and the tree grow (verify_peak_bytes).",
         ("memory",),
         _memory,
+        "holds when the mean peak grows (never falls) with chain K and with tree nodes",
     ),
     _rule(
         "tuned",
@@ -431,6 +478,8 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "The seed's thresholds suit this workload and machine (against `spectune tune`'s).",
         ("tuned",),
         _tuned,
+        "holds when `spectune tune` kept every seed value; otherwise the changed values are the "
+        "different numbers",
     ),
 )
 
