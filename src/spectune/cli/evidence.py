@@ -98,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
         path = stage_path(out_dir, name)
         if name in stages and name in measures:
             settings, measure = measures[name]
-            print(f"stage {name}: {'measuring' if args.force or not path.is_file() else 'cached?'}")
-            runs.append(run_stage(out_dir, name, {**common, **settings}, measure, force=args.force))
+            print(f"stage {name} ...", flush=True)
+            done = run_stage(out_dir, name, {**common, **settings}, measure, force=args.force)
+            print(f"stage {name}: " + ("cached" if done.cached else f"{done.seconds:.0f} s"))
+            runs.append(done)
         elif path.is_file():
             record = json.loads(path.read_text(encoding="utf-8"))
             runs.append(StageRun(name, record["data"], float(record["seconds"]), cached=True))

@@ -235,6 +235,17 @@ def write_report(
         "the figure measured here, the command that reruns its stages, and a verdict: "
         "*holds*, *holds with a different number*, *does not hold here*, or *not run*.",
         "",
+    ]
+    ran = {r.name for r in runs}
+    missing = sorted({n for f in findings if f.verdict == "not run" for n in f.stages} - ran)
+    if missing:
+        lines += [
+            f"Sections marked *not run* need stages this run did not measure ({', '.join(missing)}"
+            "): run the command with those `--stages` (the drafts stage distils one draft per "
+            "size for `--distill-minutes` each).",
+            "",
+        ]
+    lines += [
         "| stage | running time | file |",
         "| --- | ---: | --- |",
     ]

@@ -84,9 +84,11 @@ def _code(f: Finding, s: Stages) -> Finding:
     t = data["temperatures"][index]
     code, talk = cats["code"][index], cats[chat][index]
     gap = 1.0 - code / talk if talk else 0.0
+    counts = data["per_category_positions"]
+    side = f"{gap:.0%} below" if gap >= 0 else f"{-gap:.0%} above"
     text = (
-        f"alpha at T = {t:g}: code {code:.1%}, {chat} {talk:.1%} "
-        f"(code {gap:+.0%} below chat; every category in the plot)."
+        f"alpha at T = {t:g}: code {code:.1%} over {counts.get('code', 0)} positions, {chat} "
+        f"{talk:.1%} over {counts.get(chat, 0)} (code {side} chat; every category in the plot)."
     )
     verdict = HOLDS if code < talk else FAILS
     return _done(f, verdict, text, {"code": code, "chat": talk}, "categories.png")
