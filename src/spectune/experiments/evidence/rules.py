@@ -1,352 +1,33 @@
-"""The seed's rules, each judged from the stage files' numbers.
-
-A ``Finding`` is one report section: the rule as the seed states it, what was measured
-(with the figures it rests on, read from the stage data and nothing else), and a verdict:
-
-- ``holds``: the measurement agrees with the rule, number included;
-- ``holds with a different number``: the direction holds, the number does not (the
-  measured one is given);
-- ``does not hold here``: the measurement goes the other way on this target and machine;
-- ``not run``: the stage it needs was not run (or had nothing to measure).
-"""
+"""The seed's rules, in report order: statement, stages, judge and criterion of each
+(the judges are in ``judges``), and ``judge_all``, which turns stage data into findings."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
-from spectune.control.costs import CostCurve, expected_tokens_per_step
+from spectune.experiments.evidence.judges import (
+    NOT_RUN,
+    VERDICTS,
+    Finding,
+    Stages,
+    code,
+    disable,
+    draft_size,
+    family,
+    finished,
+    hot_k,
+    k_bands,
+    memory,
+    pause,
+    position,
+    start_k,
+    temperature,
+    tiny_draft,
+    trees,
+    tuned,
+)
 
 __all__ = ["RULES", "VERDICTS", "Finding", "judge_all"]
-
-HOLDS = "holds"
-DIFFERENT = "holds with a different number"
-FAILS = "does not hold here"
-NOT_RUN = "not run"
-VERDICTS = (HOLDS, DIFFERENT, FAILS, NOT_RUN)
-
-Stages = Mapping[str, Mapping[str, Any]]  # stage name -> its data
-
-
-@dataclass(frozen=True)
-class Finding:
-    key: str
-    title: str
-    rule: str  # as the seed states it
-    stages: tuple[str, ...]  # the stages whose files hold the figures
-    criterion: str = ""  # how the verdict is decided, in words
-    verdict: str = NOT_RUN
-    measured: str = ""  # the finding in words, figures included
-    figures: Mapping[str, float] = field(default_factory=dict)  # read from the stage data
-    plot: str | None = None  # PNG file name beside the report
-
-
-def _in_range(value: float, low: float, high: float, *, direction_holds: bool) -> str:
-    if low <= value <= high:
-        return HOLDS
-    return DIFFERENT if direction_holds else FAILS
-
-
-def _rate(accepted: float, drafted: float) -> float:
-    return accepted / drafted if drafted else 0.0
-
-
-def _temperature(f: Finding, s: Stages) -> Finding:
-    data = s["temperature"]
-    by_t = dict(zip(data["temperatures"], data["alpha"], strict=True))
-    hot = [a for t, a in by_t.items() if t > 1.0]
-    if 0.0 not in by_t or not hot:
-        return f
-    cold, hot_mean = by_t[0.0], sum(hot) / len(hot)
-    cost = 1.0 - hot_mean / cold if cold else 0.0
-    at_one = by_t.get(1.0)
-    text = (
-        f"alpha {cold:.1%} at T = 0, {hot_mean:.1%} averaged over T > 1 "
-        f"({', '.join(f'{a:.1%} at T = {t:g}' for t, a in by_t.items() if t > 1.0)}): "
-        f"T > 1 costs {cost:.0%} of the greedy acceptance"
-    )
-    if at_one is not None:
-        text += f" ({1.0 - hot_mean / at_one:.0%} against T = 1, {at_one:.1%})" if at_one else ""
-    figures = {"alpha_t0": cold, "alpha_above_1": hot_mean, "cost": cost}
-    verdict = _in_range(cost, 0.10, 0.20, direction_holds=cost > 0)
-    return _done(f, verdict, text + ".", figures, "temperature.png")
-
-
-def _code(f: Finding, s: Stages) -> Finding:
-    data = s["temperature"]
-    cats = data["per_category"]
-    chat = "multi_turn_chat" if "multi_turn_chat" in cats else "chat"
-    if "code" not in cats or chat not in cats:
-        return f
-    index = data["temperatures"].index(0.0) if 0.0 in data["temperatures"] else 0
-    t = data["temperatures"][index]
-    code, talk = cats["code"][index], cats[chat][index]
-    gap = 1.0 - code / talk if talk else 0.0
-    counts = data["per_category_positions"]
-    side = f"{gap:.0%} below" if gap >= 0 else f"{-gap:.0%} above"
-    text = (
-        f"alpha at T = {t:g}: code {code:.1%} over {counts.get('code', 0)} positions, {chat} "
-        f"{talk:.1%} over {counts.get(chat, 0)} (code {side} chat; every category in the plot)."
-    )
-    verdict = HOLDS if code < talk else FAILS
-    return _done(f, verdict, text, {"code": code, "chat": talk}, "categories.png")
-
-
-def _position(f: Finding, s: Stages) -> Finding:
-    data = s["position"]
-    drafted, accepted = data["drafted_long"], data["accepted_long"]
-    if not data["long_outputs"] or len(drafted) < 2:
-        f2 = _done(
-            f,
-            NOT_RUN,
-            f"no output reached {data['long_tokens']} tokens "
-            f"(lengths {data['output_lengths']}): nothing to measure.",
-            {"long_outputs": 0.0},
-        )
-        return f2
-    quarter = max(1, len(drafted) // 4)
-    early = _rate(sum(accepted[:quarter]), sum(drafted[:quarter]))
-    late = _rate(sum(accepted[-quarter:]), sum(drafted[-quarter:]))
-    end = data["window_starts"][-quarter]
-    text = (
-        f"over {data['long_outputs']} outputs of {data['long_tokens']}+ tokens (K = "
-        f"{data['k']}, T = 0): acceptance {early:.1%} in the first quarter, {late:.1%} "
-        f"from token {end} on ({late - early:+.1%})."
-    )
-    verdict = HOLDS if late < early else FAILS
-    figures = {"early": early, "late": late, "long_outputs": float(data["long_outputs"])}
-    return _done(f, verdict, text, figures, "position.png")
-
-
-def _trees(f: Finding, s: Stages) -> Finding:
-    rows = [r for r in s["tree"]["rows"] if r["temperature"] == 0.0] or s["tree"]["rows"]
-    if not rows:
-        return f
-    best = max(rows, key=lambda r: r["speed_gain"])
-    text = (
-        f"best at T = {best['temperature']:g}: a width-{best['width']} tree of "
-        f"{best['budget']} nodes against a chain of K = {best['budget']} (equal target "
-        f"tokens per step): tokens/s {best['speed_gain']:+.0%}, mean accepted length "
-        f"{best['accepted_length_gain']:+.0%}."
-    )
-    gain = best["speed_gain"]
-    verdict = _in_range(gain, 0.15, 0.30, direction_holds=gain > 0)
-    figures = {"speed_gain": gain, "accepted_length_gain": best["accepted_length_gain"]}
-    return _done(f, verdict, text, figures, "trees.png")
-
-
-def _fixed(s: Stages, temperature: float) -> list[Mapping[str, Any]]:
-    rows = s["policies"]["rows"]
-    return [r for r in rows if r["temperature"] == temperature and r["fixed_k"]]
-
-
-def _row(s: Stages, temperature: float, policy: str) -> Mapping[str, Any]:
-    rows = s["policies"]["rows"]
-    return next(r for r in rows if r["temperature"] == temperature and r["policy"] == policy)
-
-
-def _start_k(f: Finding, s: Stages) -> Finding:
-    fixed = _fixed(s, 0.0)
-    if not fixed:
-        return f
-    best = max(fixed, key=lambda r: r["tokens_per_second"])
-    plain = _row(s, 0.0, "plain")["tokens_per_second"]
-    rates = ", ".join(f"K={r['fixed_k']} {r['tokens_per_second'] / plain:.2f}x" for r in fixed)
-    text = f"fastest fixed K at T = 0: K = {best['fixed_k']} (against plain: {rates})."
-    verdict = HOLDS if 3 <= best["fixed_k"] <= 4 else DIFFERENT
-    return _done(f, verdict, text, {"best_k": float(best["fixed_k"])}, "policies.png")
-
-
-def _k_bands(f: Finding, s: Stages) -> Finding:
-    fixed = _fixed(s, 0.0)
-    if not fixed:
-        return f
-    best = max(fixed, key=lambda r: r["tokens_per_second"])
-    rule = _row(s, 0.0, "threshold")
-    ratio = rule["tokens_per_second"] / best["tokens_per_second"]
-    bands = ", ".join(f"K={r['fixed_k']} {r['acceptance']:.0%}" for r in fixed)
-    text = (
-        f"the seed's controller (mean K {rule['mean_k']:.2f}) runs at {ratio:.2f}x the best "
-        f"fixed K (K = {best['fixed_k']}) at T = 0; accepted/drafted at each fixed K: {bands}."
-    )
-    verdict = HOLDS if ratio >= 0.95 else FAILS
-    figures = {"threshold_over_best_fixed": ratio, "mean_k": rule["mean_k"]}
-    return _done(f, verdict, text, figures, "policies.png")
-
-
-def _hot_k(f: Finding, s: Stages) -> Finding:
-    temps = [t for t in s["policies"]["temperatures"] if t > 0.7]
-    if not temps or not _fixed(s, 0.0) or not _fixed(s, temps[0]):
-        return f
-    hot = temps[0]
-    cold_k = max(_fixed(s, 0.0), key=lambda r: r["tokens_per_second"])["fixed_k"]
-    hot_k = max(_fixed(s, hot), key=lambda r: r["tokens_per_second"])["fixed_k"]
-    text = f"fastest fixed K: {cold_k} at T = 0, {hot_k} at T = {hot:g}."
-    drop = cold_k - hot_k
-    verdict = HOLDS if drop == 1 else DIFFERENT if drop > 1 else FAILS
-    return _done(f, verdict, text, {"k_t0": float(cold_k), "k_hot": float(hot_k)}, "policies.png")
-
-
-def _pause(f: Finding, s: Stages) -> Finding:
-    lines, figures, verdicts = [], {}, []
-    for t in s["policies"]["temperatures"]:
-        rule, pause = _row(s, t, "threshold"), _row(s, t, "threshold+pause")
-        ratio = pause["tokens_per_second"] / rule["tokens_per_second"]
-        k1 = next((r for r in _fixed(s, t) if r["fixed_k"] == 1), None)
-        plain = _row(s, t, "plain")["tokens_per_second"]
-        lines.append(
-            f"T = {t:g}: with the pause {ratio:.2f}x the controller without it "
-            f"({pause['paused_steps']} paused steps)"
-            + (
-                f"; K = 1 at {k1['acceptance']:.0%} acceptance runs "
-                f"{k1['tokens_per_second'] / plain:.2f}x plain"
-                if k1
-                else ""
-            )
-        )
-        figures[f"pause_over_no_pause_t{t:g}"] = ratio
-        verdicts.append(ratio >= 0.98)
-    verdict = HOLDS if all(verdicts) else FAILS
-    return _done(f, verdict, "; ".join(lines) + ".", figures, "policies.png")
-
-
-def _disable(f: Finding, s: Stages) -> Finding:
-    costs, temp = s["costs"], s.get("temperature")
-    if temp is None or 0.0 not in temp["temperatures"]:
-        return f
-    alpha = temp["alpha"][temp["temperatures"].index(0.0)]
-    curve = CostCurve(tuple(costs["curve_sizes"]), tuple(costs["curve_seconds"]))
-    # Break-even draft cost per token at K: E_K = K * c + v(K)  ->  c = (E_K - v(K)) / K.
-    breakeven = max(
-        (expected_tokens_per_step(alpha, k) - curve.relative(k)) / k for k in range(1, 9)
-    )
-    text = (
-        f"with alpha {alpha:.1%} (T = 0) and the measured verification-cost curve, "
-        f"speculation stops paying when one draft token costs more than {breakeven:.0%} of a "
-        f"one-token target step (at the best K); this draft costs "
-        f"{costs['draft_over_target']:.1%} of a target step."
-    )
-    verdict = _in_range(breakeven, 0.4, 0.6, direction_holds=breakeven > 0)
-    figures = {
-        "breakeven": breakeven,
-        "alpha_t0": alpha,
-        "draft_over_target": costs["draft_over_target"],
-    }
-    return _done(f, verdict, text, figures)
-
-
-def _memory(f: Finding, s: Stages) -> Finding:
-    rows = [r for r in s["memory"]["rows"] if r["mean_peak_bytes"] is not None]
-    if not rows:
-        return f
-    parts, growing = [], True
-    for kind in ("chain", "tree"):
-        mine = sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["draft_tokens"])
-        peaks = [r["mean_peak_bytes"] for r in mine]
-        growing &= all(a <= b for a, b in zip(peaks, peaks[1:], strict=False))
-        if mine:
-            parts.append(
-                f"{kind}: "
-                + ", ".join(
-                    f"{r['draft_tokens']} -> {r['mean_peak_bytes'] / 1e6:.2f} MB" for r in mine
-                )
-            )
-    text = f"mean verification peak per step ({s['memory']['device']}): " + "; ".join(parts) + "."
-    first = rows[0]["mean_peak_bytes"]
-    return _done(
-        f, HOLDS if growing else FAILS, text, {"first_peak_bytes": float(first)}, "memory.png"
-    )
-
-
-def _tuned(f: Finding, s: Stages) -> Finding:
-    data = s["tuned"]
-    if not data.get("parameters"):
-        return f
-    changed = [p for p in data["parameters"] if p["seed"] != p["tuned"]]
-    listed = "; ".join(f"{p['option']}: seed {p['seed']} -> tuned {p['tuned']}" for p in changed)
-    predicted = data.get("predicted", {})
-    tuned, seed = predicted.get("tuned", {}), predicted.get("seed", {})
-    text = (
-        f"`spectune tune` changed {len(changed)} of {len(data['parameters'])} options"
-        + (f" ({listed})" if listed else "")
-        + (
-            f"; predicted speedup {tuned['speedup']:.2f}x tuned against {seed['speedup']:.2f}x seed"
-            if "speedup" in tuned and "speedup" in seed
-            else ""
-        )
-        + "."
-    )
-    verdict = HOLDS if not changed else DIFFERENT
-    return _done(f, verdict, text, {"changed": float(len(changed))})
-
-
-def _done(
-    f: Finding,
-    verdict: str,
-    measured: str,
-    figures: Mapping[str, float],
-    plot: str | None = None,
-) -> Finding:
-    return dataclasses.replace(
-        f, verdict=verdict, measured=measured, figures=dict(figures), plot=plot
-    )
-
-
-def _drafts(s: Stages, family: str) -> list[Mapping[str, Any]]:
-    return sorted(
-        (d for d in s["drafts"]["drafts"] if d["family"] == family), key=lambda d: d["ratio"]
-    )
-
-
-def _draft_size(f: Finding, s: Stages) -> Finding:
-    drafts = _drafts(s, "llama")
-    if not drafts:
-        return f
-    best = max(drafts, key=lambda d: d["predicted_speedup"])
-    listed = ", ".join(
-        f"1/{1 / d['ratio']:.0f}: alpha {d['alpha_t0']:.1%}, {d['predicted_speedup']:.2f}x"
-        for d in drafts
-    )
-    text = (
-        f"drafts distilled on equal budgets ({s['drafts']['budget']} each); size as a "
-        f"share of the target's parameters, greedy alpha on the test split, predicted speedup "
-        f"at the best K from the measured costs: {listed}. Best: 1/{1 / best['ratio']:.0f}."
-    )
-    verdict = HOLDS if 0.1 <= best["ratio"] <= 0.25 else DIFFERENT
-    figures = {"best_ratio": best["ratio"], "best_speedup": best["predicted_speedup"]}
-    return _done(f, verdict, text, figures, "drafts.png")
-
-
-def _tiny_draft(f: Finding, s: Stages) -> Finding:
-    tiny = [d for d in _drafts(s, "llama") if d["ratio"] < 0.05]
-    if not tiny:
-        return f
-    top = max(d["alpha_t0"] for d in tiny)
-    listed = ", ".join(f"1/{1 / d['ratio']:.0f}: {d['alpha_t0']:.1%}" for d in tiny)
-    text = f"greedy alpha of the drafts under 1/20 of the target: {listed}."
-    return _done(
-        f, HOLDS if top < 0.5 else FAILS, text, {"max_alpha_under_1_20": top}, "drafts.png"
-    )
-
-
-def _family(f: Finding, s: Stages) -> Finding:
-    others = _drafts(s, "gpt2")
-    if not others:
-        return f
-    other = others[0]
-    same = min(_drafts(s, "llama"), key=lambda d: abs(d["parameters"] - other["parameters"]))
-    loss = 1.0 - other["alpha_t0"] / same["alpha_t0"] if same["alpha_t0"] else 0.0
-    text = (
-        f"at about equal size ({same['parameters']:,} parameters Llama-style, "
-        f"{other['parameters']:,} GPT-2-style), same tokenizer, same distillation "
-        f"budget: greedy alpha {same['alpha_t0']:.1%} against {other['alpha_t0']:.1%}: the "
-        f"other family loses {loss:.0%}."
-    )
-    verdict = _in_range(loss, 0.15, 0.25, direction_holds=loss > 0)
-    return _done(f, verdict, text, {"loss": loss}, "drafts.png")
-
 
 Judge = Callable[[Finding, Stages], Finding]
 
@@ -363,7 +44,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Draft size",
         "Drafts of 1/10 to 1/4 of the target's size work best.",
         ("drafts",),
-        _draft_size,
+        draft_size,
         "holds when the draft with the best predicted speedup is 1/10 to 1/4 of the target; "
         "otherwise the best share is the different number",
     ),
@@ -372,7 +53,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Very small drafts",
         "Under 1/20 of the target's size, acceptance falls below 50%.",
         ("drafts",),
-        _tiny_draft,
+        tiny_draft,
         "holds when every draft under 1/20 of the target has greedy alpha below 50%",
     ),
     _rule(
@@ -380,7 +61,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Architecture family",
         "A draft from another architecture family loses 15-25% acceptance.",
         ("drafts",),
-        _family,
+        family,
         "holds when the GPT-2-style draft's greedy alpha is 15-25% below the Llama-style draft's "
         "nearest in size; a different number when it is lower by another share; does not hold when"
         " it is not lower",
@@ -390,7 +71,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Temperature",
         "T > 1 costs 10-20% acceptance.",
         ("temperature",),
-        _temperature,
+        temperature,
         "the cost is 1 - (mean alpha over the measured T > 1) / (alpha at T = 0); holds at 10-20%,"
         " a different number when positive elsewhere, does not hold when not positive",
     ),
@@ -399,7 +80,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Code against chat",
         "Code is accepted less often than chat.",
         ("temperature",),
-        _code,
+        code,
         "holds when code's greedy alpha is below multi-turn chat's",
     ),
     _rule(
@@ -407,7 +88,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Long outputs",
         "Acceptance falls late in long outputs.",
         ("position",),
-        _position,
+        position,
         "over outputs that reach the long length, holds when acceptance in the last quarter of "
         "positions is below the first quarter's",
     ),
@@ -416,7 +97,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Trees",
         "Trees add 15-30%.",
         ("tree",),
-        _trees,
+        trees,
         "the best tokens/s gain of a tree over a chain of equal target cost at T = 0; holds at "
         "15-30%, a different number when positive elsewhere, does not hold when not positive",
     ),
@@ -425,7 +106,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Initial K",
         "Start K at 3-4.",
         ("policies",),
-        _start_k,
+        start_k,
         "holds when the fastest fixed K at T = 0 is 3 or 4; otherwise that K is the different "
         "number",
     ),
@@ -434,7 +115,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Raising and lowering K",
         "Raise K above 80% acceptance, lower it below 60%.",
         ("policies",),
-        _k_bands,
+        k_bands,
         "holds when the seed's threshold controller runs within 5% of the fastest fixed K at T = 0"
         " (tokens/s)",
     ),
@@ -443,7 +124,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "K at high temperature",
         "Use K - 1 above T = 0.7.",
         ("policies",),
-        _hot_k,
+        hot_k,
         "holds when the fastest fixed K above T = 0.7 is one below the fastest at T = 0; a "
         "different number when lower by more; does not hold when not lower",
     ),
@@ -452,7 +133,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Pausing",
         "Pause speculation after 5 steps under 50% acceptance.",
         ("policies",),
-        _pause,
+        pause,
         "holds when the controller with the pause runs at 98% or more of its speed without the "
         "pause at every temperature measured",
     ),
@@ -461,7 +142,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Disabling",
         "Disable speculation when drafting costs over 50% of a target step.",
         ("costs", "temperature"),
-        _disable,
+        disable,
         "the break-even draft cost max over K of (E[tokens per step] - v(K)) / K from alpha at T ="
         " 0 and the measured cost curve v; holds within 40-60% of a target step, otherwise it is "
         "the different number",
@@ -471,7 +152,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Verification peak memory",
         "Verification needs more memory as K and the tree grow (verify_peak_bytes).",
         ("memory",),
-        _memory,
+        memory,
         "holds when the mean peak grows (never falls) with chain K and with tree nodes",
     ),
     _rule(
@@ -479,7 +160,7 @@ RULES: tuple[tuple[Finding, Judge], ...] = (
         "Tuned thresholds",
         "The seed's thresholds suit this workload and machine (against `spectune tune`'s).",
         ("tuned",),
-        _tuned,
+        tuned,
         "holds when `spectune tune` kept every seed value; otherwise the changed values are the "
         "different numbers",
     ),
@@ -491,11 +172,11 @@ def judge_all(stages: Stages) -> list[Finding]:
     findings = []
     for template, judge in RULES:
         if not all(name in stages for name in template.stages):
-            findings.append(_done(template, NOT_RUN, "not measured: the stage did not run.", {}))
+            findings.append(finished(template, NOT_RUN, "not measured: the stage did not run.", {}))
             continue
         finding = judge(template, stages)
         if not finding.measured:  # the stage ran without what this rule needs
             note = "not measured: the stage ran but measured nothing this rule reads."
-            finding = _done(template, NOT_RUN, note, {})
+            finding = finished(template, NOT_RUN, note, {})
         findings.append(finding)
     return findings
