@@ -13,7 +13,11 @@ from spectune.distill.data import DistillCorpus, GenerationSettings, corpus_from
 from spectune.distill.models import DraftArchitecture
 from spectune.distill.pipeline import distill
 from spectune.distill.train import Budget, TrainSettings
-from spectune.drafters.loading import feature_drafter_from_folder, lm_drafter_from_folder
+from spectune.drafters.loading import (
+    feature_drafter_from_folder,
+    lm_drafter_from_folder,
+    read_draft_meta,
+)
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import load_model
@@ -176,6 +180,9 @@ def test_gpt2_family_draft_distils_and_loads_through_transformers(
     assert last.heldout_kl < 0.7 * first.heldout_kl
     draft = load_hf_model(trained.folder)
     assert draft.info.family == "gpt2"
+    # As `--draft FOLDER` reads it: an ordinary transformers draft, not a feature head.
+    meta = read_draft_meta(trained.folder)
+    assert meta is not None and meta.kind == "gpt2"
     before = _acceptance(toy_target, ModelDrafter(load_hf_model(untrained.folder)))
     assert _acceptance(toy_target, ModelDrafter(draft)) > before + 0.1
     with pytest.raises(InvalidParameterError, match="full vocabulary"):
