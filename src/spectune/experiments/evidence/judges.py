@@ -277,7 +277,15 @@ def memory(f: Finding, s: Stages) -> Finding:
                     f"{r['draft_tokens']} -> {r['mean_peak_bytes'] / 1e6:.2f} MB" for r in mine
                 )
             )
-    text = f"mean verification peak per step ({s['memory']['device']}): " + "; ".join(parts) + "."
+    device = s["memory"]["device"]
+    text = f"mean verification peak per step ({device}): " + "; ".join(parts) + "."
+    if device == "cpu":
+        text += (
+            " On the CPU the figure is computed from the verification's tensor shapes (logits, "
+            "probabilities at T > 0, attention mask): a lower bound that grows with the tokens "
+            "verified; on CUDA it is the allocator's peak above resident memory "
+            "(spectune.models.devices.VerifyMemory)."
+        )
     first = rows[0]["mean_peak_bytes"]
     return finished(
         f, HOLDS if growing else FAILS, text, {"first_peak_bytes": float(first)}, "memory.png"

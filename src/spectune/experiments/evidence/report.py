@@ -119,18 +119,22 @@ def _policies(data: Mapping[str, Any], path: Path) -> None:
 
 def _memory(data: Mapping[str, Any], path: Path) -> None:
     fig, ax = _figure()
-    for kind, colour in (("chain", "tab:blue"), ("tree", "tab:green")):
+    styles = (("chain", "tab:blue", "o", "-", 9), ("tree", "tab:green", "s", "--", 5))
+    for kind, colour, marker, line, size in styles:
         rows = [r for r in data["rows"] if r["kind"] == kind and r["mean_peak_bytes"] is not None]
         if rows:
             ax.plot(
                 [r["draft_tokens"] for r in rows],
                 [r["mean_peak_bytes"] / 1e6 for r in rows],
-                marker="o",
+                marker=marker,
+                markersize=size,
+                linestyle=line,
                 color=colour,
-                label=f"{kind} (K or nodes)",
+                label="chain (K draft tokens)" if kind == "chain" else "tree (nodes)",
             )
+    how = "from tensor shapes" if data["device"] == "cpu" else "allocator peak"
     ax.set_xlabel("draft tokens verified per step (chain K, tree nodes)")
-    ax.set_ylabel(f"verification peak memory (MB, {data['device']})")
+    ax.set_ylabel(f"verification peak memory\n(MB, {data['device']}, {how})")
     ax.legend(fontsize=8)
     _save(fig, path)
 
