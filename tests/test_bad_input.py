@@ -223,6 +223,10 @@ CLI_CASES: list[tuple[str, str]] = [
     ("experiment batch --toy --sizes 0", "values must be >= 1"),
     ("experiment chunked --toy --ks 0", "values must be >= 1"),
     ("experiment tree --target /nonexistent", "model not found: /nonexistent"),
+    ("experiment evidence --toy --stages bogus", "--stages: unknown ['bogus']"),
+    ("experiment evidence --toy --distill-minutes 0", "--distill-minutes must be > 0"),
+    ("experiment evidence --toy --draft-sizes 4by256", "LAYERSxHIDDEN"),
+    ("experiment evidence --toy --tune-report /nonexistent", "no such file"),
     ("experiment history --toy --per-category 0", "--per-category must be >= 1"),
     ("experiment runtimes --toy --max-tokens 0", "--max-tokens must be >= 1"),
     # suffix-index

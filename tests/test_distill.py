@@ -13,7 +13,11 @@ from spectune.distill.data import DistillCorpus, GenerationSettings, corpus_from
 from spectune.distill.models import DraftArchitecture
 from spectune.distill.pipeline import distill
 from spectune.distill.train import Budget, TrainSettings
-from spectune.drafters.loading import feature_drafter_from_folder, lm_drafter_from_folder
+from spectune.drafters.loading import (
+    feature_drafter_from_folder,
+    lm_drafter_from_folder,
+    read_draft_meta,
+)
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import load_model
@@ -44,6 +48,28 @@ def _acceptance(target: LlamaLM, drafter: object) -> float:
     return accepted / drafted
 
 
+def _distill(  # type: ignore[no-untyped-def]
+    target: LlamaLM,
+    corpus: DistillCorpus,
+    arch: DraftArchitecture,
+    out: Path,
+    steps: int,
+    *,
+    vocab_size: int | None,
+):
+    return distill(
+        target,
+        (corpus, DistillCorpus([])),
+        arch,
+        out,
+        vocab_size=vocab_size,
+        settings=SETTINGS,
+        budget=Budget(max_steps=steps),
+        heldout_sequences=8,
+        training_record={"command": "test"},
+    )
+
+
 def _drafter(kind: str, folder: Path, target: LlamaLM) -> object:
     if kind == "feature":
         return feature_drafter_from_folder(folder, target)
@@ -59,17 +85,7 @@ def test_distillation_lowers_kl_and_raises_acceptance(
     )
 
     def run(steps: int, out: Path):  # type: ignore[no-untyped-def]
-        return distill(
-            toy_target,
-            (corpus, DistillCorpus([])),
-            arch,
-            out,
-            vocab_size=48,
-            settings=SETTINGS,
-            budget=Budget(max_steps=steps),
-            heldout_sequences=8,
-            training_record={"command": "test"},
-        )
+        return _distill(toy_target, corpus, arch, out, steps, vocab_size=48)
 
     untrained = run(0, tmp_path / "untrained")
     trained = run(180, tmp_path / "trained")
@@ -142,3 +158,32 @@ def test_shipped_draft_serves_the_default_target(smollm2) -> None:  # type: igno
     spec = SpeculativeEngine(smollm2.model, drafter).run(prompt, params)
     assert spec.tokens == plain.tokens
     assert all(s.fallback is None for s in spec.steps)
+
+
+def test_gpt2_family_draft_distils_and_loads_through_transformers(
+    toy_target: LlamaLM, corpus: DistillCorpus, tmp_path: Path
+) -> None:
+    """Another architecture family, same pipeline: the KL falls, and the exported folder
+    runs through transformers as a draft that keeps the target's greedy output."""
+    from spectune.drafters.model import ModelDrafter
+    from spectune.models.hf import load_hf_model
+
+    arch = DraftArchitecture(
+        kind="gpt2", num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=64
+    )
+
+    def run(steps: int, out: Path):  # type: ignore[no-untyped-def]
+        return _distill(toy_target, corpus, arch, out, steps, vocab_size=None)
+
+    untrained, trained = run(0, tmp_path / "untrained"), run(120, tmp_path / "trained")
+    first, last = trained.state.curve[0], trained.state.curve[-1]
+    assert last.heldout_kl < 0.7 * first.heldout_kl
+    draft = load_hf_model(trained.folder)
+    assert draft.info.family == "gpt2"
+    # As `--draft FOLDER` reads it: an ordinary transformers draft, not a feature head.
+    meta = read_draft_meta(trained.folder)
+    assert meta is not None and meta.kind == "gpt2"
+    before = _acceptance(toy_target, ModelDrafter(load_hf_model(untrained.folder)))
+    assert _acceptance(toy_target, ModelDrafter(draft)) > before + 0.1
+    with pytest.raises(InvalidParameterError, match="full vocabulary"):
+        _distill(toy_target, corpus, arch, tmp_path / "subset", 1, vocab_size=48)

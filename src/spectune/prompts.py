@@ -8,9 +8,11 @@ One JSON object per line. The full form is a chat::
 where ``messages`` alternates roles freely but must end with a user turn (the model answers
 it). The short form ``{"category": "...", "prompt": "..."}`` is one user message. ``id`` and
 ``split`` are optional: a missing id becomes ``<category>-<line>``, a missing split ``"test"``.
-Categories are free text, so users' own sets load as well as the shipped one, whose six
+Categories are free text, so users' own sets load as well as the shipped one, whose first six
 categories mirror Spec-Bench (multi-turn chat, translation, summarization, question answering,
-math reasoning, retrieval-augmented answering). The shipped set marks 5 prompts per category
+math reasoning, retrieval-augmented answering); a seventh, ``code`` (writing, fixing and
+explaining Python, JavaScript, SQL and bash), tests the rule that code is accepted less
+often than chat. The shipped set marks 5 prompts per category
 ``"dev"`` (for tuning) and keeps the rest ``"test"`` (held out, for reported numbers).
 
 Every line is validated before anything is returned; a bad line raises ``PromptError`` naming
@@ -38,6 +40,7 @@ CATEGORIES: tuple[str, ...] = (
     "question_answering",
     "math_reasoning",
     "retrieval_qa",
+    "code",
 )
 
 _ROLES = frozenset({"system", "user", "assistant"})

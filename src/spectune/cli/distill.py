@@ -65,7 +65,13 @@ def register(subparsers: Any) -> None:
         "(training-time test); 1 = first draft token only",
     )
     parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--kind", choices=("lm", "feature"), default="feature")
+    parser.add_argument(
+        "--kind",
+        choices=("lm", "gpt2", "feature"),
+        default="feature",
+        help="lm: a Llama-style LM; gpt2: a GPT-2-style LM (another architecture family, "
+        "same tokenizer); feature: an EAGLE-style head",
+    )
     parser.add_argument("--layers", type=int, default=4, help="decoder layers (lm)")
     parser.add_argument("--hidden", type=int, default=256, help="width (lm)")
     parser.add_argument("--heads", type=int, default=4, help="attention heads (lm)")

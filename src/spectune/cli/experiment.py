@@ -1,5 +1,5 @@
-"""``spectune experiment tree|batch|chunked|runtimes``: the measurements behind the README
-figures.
+"""``spectune experiment tree|batch|chunked|runtimes|history|evidence``: the measurements
+behind the README figures (``evidence``: ``spectune.cli.evidence``).
 
 ``--toy`` runs the same code on the toy models in seconds (to check a command works);
 real runs use the default target, a draft (``--draft``: path, shipped name, or a
@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from spectune.cli.evidence import add_arguments as add_evidence_arguments
+from spectune.cli.evidence import run as run_evidence
 from spectune.errors import InvalidParameterError
 from spectune.experiments.common import Setup, load_setup, toy_setup
 from spectune.models.llamacpp import LLAMACPP
@@ -43,9 +45,12 @@ def _floats(text: str) -> tuple[float, ...]:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "experiment",
-        help="measure trees vs chains, batching, chunked verification, runtimes",
+        help="measure trees vs chains, batching, chunked verification, runtimes; "
+        "evidence: the practice rules, measured, in one report",
     )
-    parser.add_argument("which", choices=("tree", "batch", "chunked", "runtimes", "history"))
+    parser.add_argument(
+        "which", choices=("tree", "batch", "chunked", "runtimes", "history", "evidence")
+    )
     parser.add_argument("--toy", action="store_true", help="toy models: seconds, for checks")
     parser.add_argument("--target", default="default")
     parser.add_argument(
@@ -91,6 +96,7 @@ def register(subparsers: Any) -> None:
     history.add_argument(
         "--history-tokens", type=int, default=262_144, help="history budget (0: no history)"
     )
+    add_evidence_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -107,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.which == "evidence":
+        return run_evidence(args)
     if args.which == "runtimes":
         _write(args.out, {"command": args.command_line, **_runtimes(args)})
         return 0

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from spectune.distill.models import FeatureDraftModel, LMDraftModel
+from spectune.distill.models import FeatureDraftModel, GPT2DraftModel, LMDraftModel
 from spectune.drafters.loading import DRAFT_META_FILE, describe_target, subset_tensor_file
 from spectune.models.llama import LlamaLM, LlamaTransformer
 from spectune.models.loading import save_native
 
-__all__ = ["save_feature_draft", "save_lm_draft"]
+__all__ = ["save_feature_draft", "save_gpt2_draft", "save_lm_draft"]
 
 
 def _write_meta(folder: Path, meta: dict[str, Any]) -> None:
@@ -75,6 +75,28 @@ def save_lm_draft(
         {
             "kind": "lm",
             "vocab_subset_size": None if draft.vocab_subset is None else len(draft.vocab_subset),
+            "target": describe_target(target, target_name),
+            "training": training,
+        },
+    )
+
+
+def save_gpt2_draft(
+    folder: Path,
+    draft: GPT2DraftModel,
+    target: LlamaTransformer,
+    target_name: str,
+    training: dict[str, Any],
+) -> None:
+    """transformers' own GPT-2 folder (``save_pretrained``, safetensors, fp32): spectune
+    loads it with ``--runtime hf`` like any transformers model."""
+    folder.mkdir(parents=True, exist_ok=True)
+    draft.model.save_pretrained(str(folder))
+    _write_meta(
+        folder,
+        {
+            "kind": "gpt2",
+            "vocab_subset_size": None,
             "target": describe_target(target, target_name),
             "training": training,
         },

@@ -4,6 +4,10 @@
   own (tied) embedding over the full vocabulary, so it reads any token; with a reduced
   vocabulary its output layer is the subset's rows of that embedding. Exported as an HF
   Llama folder (transformers loads it; spectune restricts the output to the subset).
+- ``gpt2``: a small LM of another architecture family (GPT-2: learned absolute positions,
+  LayerNorm, a two-matrix GELU MLP, biases; transformers' ``GPT2LMHeadModel``) over the
+  same tokenizer and full vocabulary, so a draft's family can be compared at equal size
+  and training. Exported as an HF GPT-2 folder; spectune runs it through transformers.
 - ``feature``: an EAGLE-style head over the target's hidden states
   (``spectune.models.feature_head``); the target's embedding and output rows are reused,
   frozen, so only one decoder layer and a projection are trained.
@@ -15,7 +19,7 @@ training positions, predicted features or None, target features or None).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +31,7 @@ from spectune.models.llama import LlamaConfig, LlamaLM, LlamaTransformer, rotary
 __all__ = [
     "DraftArchitecture",
     "FeatureDraftModel",
+    "GPT2DraftModel",
     "LMDraftModel",
     "TrainableDraft",
     "TrainBatch",
@@ -41,7 +46,7 @@ class DraftArchitecture:
     ``unroll``: draft positions trained per position (training-time test; 1 = EAGLE-1).
     """
 
-    kind: str  # "lm" | "feature"
+    kind: str  # "lm" | "gpt2" | "feature"
     num_layers: int = 4
     hidden_size: int = 256
     num_heads: int = 4
@@ -163,6 +168,65 @@ class LMDraftModel:
 
     def as_lm(self) -> LlamaLM:
         return LlamaLM(self.net.eval(), name="distilled-draft")
+
+
+class GPT2DraftModel:
+    """A GPT-2-style draft (``transformers.GPT2LMHeadModel``, tied embedding). Its MLP has two
+    matrices where Llama's has three, so its inner width is 1.5x ``intermediate_size``:
+    the same parameters per block, give or take biases and norms. Learned positions cover
+    ``positions`` tokens (the contexts drafts see in evaluation; not the target's context)."""
+
+    kind = "gpt2"
+
+    def __init__(self, model: Any) -> None:
+        self.model = model  # transformers.GPT2LMHeadModel
+        self.vocab_subset: Tensor | None = None  # always the full vocabulary
+
+    @classmethod
+    def create(
+        cls,
+        arch: DraftArchitecture,
+        target_cfg: LlamaConfig,
+        generator: torch.Generator,
+        *,
+        positions: int = 1024,
+    ) -> GPT2DraftModel:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        eos = target_cfg.eos_token_ids[0] if target_cfg.eos_token_ids else None
+        config = GPT2Config(
+            vocab_size=target_cfg.vocab_size,
+            n_positions=positions,
+            n_embd=arch.hidden_size,
+            n_layer=arch.num_layers,
+            n_head=arch.num_heads,
+            n_inner=arch.intermediate_size * 3 // 2,
+            bos_token_id=target_cfg.bos_token_id,
+            eos_token_id=eos,
+            pad_token_id=target_cfg.pad_token_id,
+            tie_word_embeddings=True,
+        )
+        model = GPT2LMHeadModel(config)
+        with torch.no_grad():  # transformers initialises from the global RNG; ours is injected
+            for name, param in model.named_parameters():
+                if ".ln_" in name or name.startswith("transformer.ln_f"):
+                    continue
+                if name.endswith(".bias"):
+                    param.zero_()
+                else:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+        return cls(model)
+
+    def module(self) -> nn.Module:
+        module: nn.Module = self.model
+        return module
+
+    def train_forward(self, batch: TrainBatch) -> DraftOutputs:
+        hidden = self.model.transformer(input_ids=batch.tokens).last_hidden_state
+        rows, cols = batch.loss_mask.nonzero(as_tuple=True)
+        selected = hidden[rows, cols]  # [n, hidden]
+        weight = self.model.transformer.wte.weight  # tied with the output layer
+        return DraftOutputs(selected @ weight.T, (rows, cols), None, None)
 
 
 class _UnrollCache:

@@ -21,10 +21,11 @@ from spectune.distill.data import (
     build_corpus,
     corpus_key,
 )
-from spectune.distill.export import save_feature_draft, save_lm_draft
+from spectune.distill.export import save_feature_draft, save_gpt2_draft, save_lm_draft
 from spectune.distill.models import (
     DraftArchitecture,
     FeatureDraftModel,
+    GPT2DraftModel,
     LMDraftModel,
     TrainableDraft,
 )
@@ -173,8 +174,12 @@ def distill(
         draft = FeatureDraftModel.create(arch, net, subset, generator)
     elif arch.kind == "lm":
         draft = LMDraftModel.create(arch, net.cfg, subset, generator)
+    elif arch.kind == "gpt2":
+        if subset is not None:
+            raise InvalidParameterError("a gpt2 draft keeps the full vocabulary (no --vocab-size)")
+        draft = GPT2DraftModel.create(arch, net.cfg, generator)
     else:
-        raise InvalidParameterError(f"unknown draft kind {arch.kind!r} (lm or feature)")
+        raise InvalidParameterError(f"unknown draft kind {arch.kind!r} (lm, gpt2 or feature)")
     trainable = sum(p.numel() for p in draft.module().parameters() if p.requires_grad)
     checkpoint = out / "checkpoint"
     if not resume:
@@ -206,6 +211,8 @@ def distill(
         save_feature_draft(folder, draft, net, model.info.name, record)
     elif isinstance(draft, LMDraftModel):
         save_lm_draft(folder, draft, net, model.info.name, record)
+    elif isinstance(draft, GPT2DraftModel):
+        save_gpt2_draft(folder, draft, net, model.info.name, record)
     plot_curve(state.curve, out / "learning_curve.png")
     return DistillResult(folder, state, trainable, None if subset is None else len(subset))
 

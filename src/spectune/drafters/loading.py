@@ -6,6 +6,8 @@ A distilled draft folder holds ``spectune_draft.json`` next to its weights:
   ``model.safetensors``, loadable by transformers as is) plus ``vocab_subset.safetensors``
   when the draft was trained on a reduced vocabulary. spectune then keeps only those
   output rows, so the draft's LM head costs N / vocab of the full one.
+- ``{"kind": "gpt2", ...}``: transformers' own GPT-2 folder (full vocabulary), loaded like
+  any transformers model (the native runtime is Llama-family only).
 - ``{"kind": "feature", ...}``: an EAGLE-style head (``spectune.models.feature_head``);
   it borrows the target's embedding and output rows, so it can only be built against the
   target it was trained for (checked by shape and a weight fingerprint).
@@ -46,7 +48,7 @@ DRAFT_META_FILE = "spectune_draft.json"
 
 @dataclass(frozen=True)
 class DraftMeta:
-    kind: str  # "lm" | "feature"
+    kind: str  # "lm" | "gpt2" | "feature"
     data: dict[str, Any]  # the whole file: training command, target description, ...
 
 
@@ -59,8 +61,8 @@ def read_draft_meta(path: Path) -> DraftMeta | None:
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"cannot read {file}: {exc}") from exc
     kind = data.get("kind") if isinstance(data, dict) else None
-    if kind not in ("lm", "feature"):
-        raise ModelLoadError(f"{file}: 'kind' must be 'lm' or 'feature', got {kind!r}")
+    if kind not in ("lm", "gpt2", "feature"):
+        raise ModelLoadError(f"{file}: 'kind' must be 'lm', 'gpt2' or 'feature', got {kind!r}")
     return DraftMeta(str(kind), data)
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from spectune.control.base import FixedK
-from spectune.decode.engine import SpeculativeEngine
+from spectune.control.base import FixedK, KPolicy
+from spectune.decode.engine import Generation, SpeculativeEngine
 from spectune.drafters.base import Drafter, DraftSource
 from spectune.drafters.batched import PerRow
 from spectune.drafters.feature import FeatureDrafter
@@ -58,6 +58,7 @@ class Setup:
     prompts: tuple[tuple[str, tuple[int, ...]], ...]  # (prompt id, token ids)
     description: str
     stand_in: bool = False  # toy models or an untrained stand-in draft: nothing to record
+    categories: tuple[str, ...] = ()  # per prompt, in order; () where unknown
 
     def fresh_drafter(self) -> Drafter:
         """A drafter with the draft's weights and its own (empty) state."""
@@ -242,11 +243,14 @@ def load_setup(
         encoded,
         description,
         stand_in=draft_ref.startswith(("layers:", "noise:")),
+        categories=tuple(p.category for p in prompts),
     )
 
 
 def toy_setup(num_prompts: int = 4) -> Setup:
-    """Toy target and perturbed draft (no EOS, so runs have a fixed length)."""
+    """Toy target and perturbed draft (no EOS, so runs have a fixed length). The prompts
+    alternate between two made-up categories, ``chat`` and ``code``, so per-category
+    reports have something to split."""
     config = dataclasses.replace(toy_config(), eos_token_ids=())
     target = toy_model(0, config=config, scale=3.0)
     draft = perturbed(target, 0.3)
@@ -256,7 +260,12 @@ def toy_setup(num_prompts: int = 4) -> Setup:
         for i in range(num_prompts)
     )
     return Setup(
-        target, ModelDrafter(draft), prompts, "toy target + perturbed draft", stand_in=True
+        target,
+        ModelDrafter(draft),
+        prompts,
+        "toy target + perturbed draft",
+        stand_in=True,
+        categories=tuple(("chat", "code")[i % 2] for i in range(num_prompts)),
     )
 
 
@@ -269,15 +278,22 @@ def decode_prompts(
     *,
     verify_groups: int = 1,
     seed: int = 0,
+    policy_factory: Callable[[], KPolicy] | None = None,
+    on_generation: Callable[[Generation], None] | None = None,
 ) -> DecodeStats:
-    """Decode every prompt (fresh drafter each, seeded generator each) and add up."""
+    """Decode every prompt (fresh drafter each, seeded generator each) and add up. K is
+    ``k`` on every step unless ``policy_factory`` gives each prompt its own policy;
+    ``on_generation`` sees every finished generation (its per-step records)."""
     counts = SpecCounts()
     draft_times: list[float] = []  # seconds, per drafting step
     target_times: list[float] = []  # seconds, per step
     for index, (_, prompt) in enumerate(setup.prompts):
         engine = SpeculativeEngine(setup.target, drafter_factory(), verify_groups=verify_groups)
         generator = torch.Generator().manual_seed(seed + index)
-        gen = engine.run(list(prompt), params, policy=FixedK(k), generator=generator)
+        policy = FixedK(k) if policy_factory is None else policy_factory()
+        gen = engine.run(list(prompt), params, policy=policy, generator=generator)
+        if on_generation is not None:
+            on_generation(gen)
         counts.merge(gen.counts)
         draft_times.extend(s.draft_time for s in gen.steps if s.k > 0)
         target_times.extend(s.target_time for s in gen.steps)
