@@ -171,7 +171,7 @@ def test_batched_decoding_on_llamacpp_equals_decoding_alone(toy_cpp: LlamaCppMod
     and with a llama.cpp draft model: each equals its single-sequence greedy output."""
     prompts = [[1, 5, 9], [1, 22, 40, 7], [1, 60, 61]]
     lengths = (12, 30, 20)
-    draft = toy_cpp  # the target drafting for itself accepts every token
+    draft = ModelDrafter(toy_cpp)  # the target drafting for itself accepts every token
     for drafting in (None, draft):
         engine = BatchEngine(toy_cpp, drafting, max_batch=2, capacity=64, speculate_max_batch=4)
         outputs: dict[str, list[int]] = {}

@@ -130,7 +130,7 @@ def test_generate_names_the_active_drafter(
     assert main([*base, "--draft", str(draft), "--trust-draft-vocab"]) == 0
     err = capsys.readouterr().err
     assert "spectune: warning: --trust-draft-vocab: the draft ships no tokenizer" in err
-    assert "spectune: drafter model:draft (draft model); policy threshold" in err
+    assert "spectune: drafter model:draft (draft model); policy cost" in err
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +204,6 @@ def test_serve_names_the_active_drafter(
     assert main(args) == 0
     err = capsys.readouterr().err
     assert (
-        "spectune: drafter ngram (prompt lookup); policy threshold (initial_k=2); "
+        "spectune: drafter ngram (prompt lookup); policy cost (initial_k=2); "
         "engine sequential" in err
     )
