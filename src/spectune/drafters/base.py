@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -33,6 +33,7 @@ __all__ = [
     "DraftSource",
     "Drafter",
     "OneRow",
+    "RowDrafter",
     "SequenceScorer",
     "TargetFeatures",
     "fresh_drafter",
@@ -237,3 +238,28 @@ class OneRow(Generic[S]):
         if isinstance(answer, Refusal):  # the engine prefixes "drafter_error: " again
             raise DrafterError(answer.reason.removeprefix("drafter_error: "))
         return answer
+
+
+class RowDrafter:
+    """A learned drafter's ``Drafter`` face: ``reset``, ``propose`` and ``commit`` drive its
+    one-row session (``self.row``, set by the subclass), so the model drafter and the
+    feature drafter write them once."""
+
+    row: OneRow[Any]
+
+    def reset(self) -> None:
+        self.row.reset()
+
+    def propose(
+        self,
+        context: Sequence[int],
+        num_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        return self.row.propose(context, num_tokens, params, generator)
+
+    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
+        """The committed tokens (and, for a feature head, the target states the step just
+        verified) go to the session's row."""
+        self.row.commit(context, features)

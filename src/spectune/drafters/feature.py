@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from spectune.draft import CONTEXT_FULL, Draft, Refusal
-from spectune.drafters.base import DraftRequest, OneRow, TargetFeatures, propose_ready
+from spectune.drafters.base import DraftRequest, OneRow, RowDrafter, TargetFeatures, propose_ready
 from spectune.drafters.model import choose_token, common_prefix
 from spectune.drafters.reduced import scatter_to_vocab
 from spectune.errors import DrafterError
@@ -51,7 +51,7 @@ __all__ = ["FeatureDrafter", "FeatureSession"]
 NEEDS_STATES = "the feature drafter needs the target's hidden states"
 
 
-class FeatureDrafter:
+class FeatureDrafter(RowDrafter):
     """Drafts a chain with an EAGLE-style head over the target's hidden states (see the
     module docstring): the source of ``FeatureSession``s, and itself a one-sequence
     ``Drafter`` over a one-row session. ``FeatureTreeDrafter`` drafts trees with the same
@@ -78,22 +78,6 @@ class FeatureDrafter:
     def fresh(self) -> FeatureDrafter:
         """The same head, vocabulary and name; its own (empty) per-request state."""
         return FeatureDrafter(self.head, self.vocab_subset, name=self.name)
-
-    def reset(self) -> None:
-        self.row.reset()
-
-    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
-        """Store the target states of the committed positions the step just verified."""
-        self.row.commit(context, features)
-
-    def propose(
-        self,
-        context: Sequence[int],
-        num_tokens: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> Draft:
-        return self.row.propose(context, num_tokens, params, generator)
 
     def full_vocab(self, probs: Tensor) -> Tensor:
         """[..., num_draft_tokens] -> [..., vocab]: zeros outside a reduced vocabulary."""

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from spectune.draft import CONTEXT_FULL, Draft, Refusal
-from spectune.drafters.base import DraftRequest, OneRow, TargetFeatures, propose_ready
+from spectune.drafters.base import DraftRequest, OneRow, RowDrafter, TargetFeatures, propose_ready
 from spectune.drafters.reduced import scatter_to_vocab
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
@@ -53,7 +53,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-class ModelDrafter:
+class ModelDrafter(RowDrafter):
     """Drafts with a ``LanguageModel`` (see the module docstring): the source of
     ``ModelSession``s, and itself a one-sequence ``Drafter`` over a one-row session."""
 
@@ -79,22 +79,6 @@ class ModelDrafter:
     def fresh(self) -> ModelDrafter:
         """The same model, vocabulary and name; its own (empty) per-request state."""
         return ModelDrafter(self.model, name=self.name, vocab_subset=self.vocab_subset)
-
-    def reset(self) -> None:
-        self.row.reset()
-
-    def propose(
-        self,
-        context: Sequence[int],
-        num_tokens: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> Draft:
-        return self.row.propose(context, num_tokens, params, generator)
-
-    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
-        """Nothing to do eagerly: the next ``propose`` syncs the cache to ``context``."""
-        self.row.commit(context, features)
 
     @torch.inference_mode()
     def score_sequence(
