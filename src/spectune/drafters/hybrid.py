@@ -127,7 +127,7 @@ class SourceStats:
         """(k*, value): the model draft's best length up to ``k`` and its tokens per
         target-step time, at relative cost ``draft_cost`` (None: the measured one, 0 until
         measured)."""
-        cost = draft_cost if draft_cost is not None else (self.measured_cost or 0.0)
+        cost = self.cost(draft_cost)
         best = (1, (1.0 + self.model_expected(1)) / (1.0 + cost))
         for length in range(2, min(k, MAX_K) + 1):
             value = (1.0 + self.model_expected(length)) / (1.0 + length * cost)
@@ -135,13 +135,16 @@ class SourceStats:
                 best = (length, value)
         return best
 
+    def cost(self, draft_cost: float | None = None) -> float:
+        """c: ``draft_cost`` when given, else the measured one (0 until measured)."""
+        return draft_cost if draft_cost is not None else (self.measured_cost or 0.0)
+
     def merged_value(
-        self, score: float, first_prob: float, k: int, draft_cost: float | None = None
+        self, score: float, first_prob: float, length: int, draft_cost: float | None = None
     ) -> float:
         """Tokens per target-step time of the suffix draft (``score``, first-token corpus
-        probability ``first_prob``) plus the model's best branch of at most ``k`` tokens."""
-        length, _ = self.model_choice(k, draft_cost)
-        cost = draft_cost if draft_cost is not None else (self.measured_cost or 0.0)
+        probability ``first_prob``) plus a model branch of ``length`` tokens."""
+        cost = self.cost(draft_cost)
         first = self.model_rates[0]
         rescue = first if self.model_rescue is None else self.model_rescue
         suffix_first = min(1.0, self.suffix_calibration * first_prob)
@@ -153,10 +156,27 @@ class SourceStats:
         start = self.model_rates[0] if self.model_rescue is None else self.model_rescue
         self.model_rescue = self._mean(start, 1.0 if model_kept_first else 0.0)
 
+    def choose(
+        self,
+        score: float,
+        first_prob: float,
+        k: int,
+        draft_cost: float | None = None,
+        *,
+        merge: bool = False,
+    ) -> tuple[bool, int]:
+        """The rule (module docstring): (the suffix draft alone?, k*) for a suffix draft of
+        ``score`` and first-token corpus probability ``first_prob`` against the model's best
+        draft of at most ``k`` tokens, alone or (``merge``) as a branch beside it."""
+        length, model_value = self.model_choice(k, draft_cost)
+        if merge:
+            model_value = self.merged_value(score, first_prob, length, draft_cost)
+        return 1.0 + self.suffix_calibration * score >= model_value, length
+
     def prefers_suffix(self, score: float, k: int, draft_cost: float | None = None) -> bool:
-        """The rule: a suffix draft of ``score`` against the model's best draft of at most
-        ``k`` tokens."""
-        return 1.0 + self.suffix_calibration * score >= self.model_choice(k, draft_cost)[1]
+        """The rule without merging: a suffix draft of ``score`` against the model's best
+        draft of at most ``k`` tokens."""
+        return self.choose(score, 0.0, k, draft_cost)[0]
 
     def _mean(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
@@ -307,14 +327,11 @@ class HybridDrafter:
         proposal = self.suffix.suggest(context, num_tokens)
         suffix_draft = proposal.draft()
         model_seconds: float | None = None
-        stats = self.stats
-        model_k, model_value = stats.model_choice(num_tokens, self.draft_cost)
         merge = params.greedy and self.merge_greedy
-        if merge and proposal.tokens:
-            model_value = stats.merged_value(
-                proposal.score, proposal.first_prob, num_tokens, self.draft_cost
-            )
-        if proposal.tokens and 1.0 + stats.suffix_calibration * proposal.score >= model_value:
+        alone, model_k = self.stats.choose(
+            proposal.score, proposal.first_prob, num_tokens, self.draft_cost, merge=merge
+        )
+        if proposal.tokens and alone:
             draft, source = suffix_draft, "suffix"
             suffix_parts, model_parts = _parts(suffix_draft), _NOTHING
         else:
