@@ -30,7 +30,7 @@ def test_all_accepted_with_a_cheap_draft_goes_to_max_k() -> None:
 
 def test_a_steep_curve_keeps_k_small() -> None:
     # alpha = 0.5: one of two drafted tokens accepted and then a rejection.
-    policy = cost(STEEP, initial_k=2)
+    policy = cost(STEEP, initial_k=2, prior_tokens=0.0)
     steps = [ScriptedStep(0.5, draft_time_per_token=0.001, target_time=0.018)] * 12
     trajectory = drive(policy, steps)
     assert policy.alpha == pytest.approx(0.5)
@@ -50,15 +50,39 @@ def test_decision_matches_the_speedup_model() -> None:
 
 
 def test_a_useless_draft_turns_speculation_off_with_a_reason() -> None:
-    policy = cost(FLAT)
+    policy = cost(FLAT, prior_tokens=0.0)
     trajectory = drive(policy, [0.0] * 10)
     assert trajectory[:3] == [4, 4, 4]
     assert trajectory[3:] == [0] * 7
     assert policy.reason is not None and policy.reason.startswith("cost: no K beats plain")
 
 
+def test_the_prior_decays_and_a_useless_draft_still_turns_off() -> None:
+    # alpha starts at prior_alpha (0.3 over 2 tokens); each step of 1 tested, 0 accepted
+    # token shrinks it as 0.6 * 0.8^n / (1 + 0.8^n): below the ~0.05 break-even of K = 1 on
+    # FLAT (v(1) = 1.01, c = 0.05) after about 10 steps.
+    policy = cost(FLAT)
+    assert policy.alpha == pytest.approx(0.3)
+    trajectory = drive(policy, [0.0] * 16)
+    assert trajectory[:3] == [4, 4, 4]
+    assert 0 in trajectory[3:12]
+    off = trajectory.index(0)
+    assert trajectory[off:] == [0] * (16 - off)
+
+
+def test_three_unlucky_first_steps_do_not_stop_a_draft_that_pays() -> None:
+    # Measured on the suffix drafter (question_answering-02): the first three drafted steps
+    # accept nothing, the next ones pay. Without the prior alpha is 0 after warm-up and
+    # K stays at 0 until the first probe; with it the policy keeps drafting.
+    unlucky = [0.0] * 3 + [0.8] * 6
+    with_prior = drive(cost(FLAT), unlucky)
+    without = drive(cost(FLAT, prior_tokens=0.0), unlucky)
+    assert without[3:] == [0] * 6
+    assert all(k > 0 for k in with_prior)
+
+
 def test_off_probes_with_k1_and_comes_back_when_the_draft_pays() -> None:
-    policy = cost(FLAT, probe_every=8)
+    policy = cost(FLAT, probe_every=8, prior_tokens=0.0)
     drive(policy, [0.0] * 3)
     assert policy.next_k() == 0
     # Plain steps emit one token each: a probe every 8 plain steps.
@@ -87,7 +111,7 @@ def test_learned_curve_without_a_measured_curve() -> None:
 
 
 def test_learns_target_cost_from_records() -> None:
-    policy = cost(None)
+    policy = cost(None, prior_tokens=0.0)
     for _ in range(3):  # plain steps measure the one-token forward
         policy.observe(fake_record(0, 0, target_time=0.010))
     assert policy.target_one == pytest.approx(0.010)
@@ -99,7 +123,7 @@ def test_learns_target_cost_from_records() -> None:
 
 
 def test_state_is_reported() -> None:
-    policy = cost(FLAT)
+    policy = cost(FLAT, prior_tokens=0.0)
     drive(policy, [0.75] * 4)
     state = policy.state()
     assert set(state) == {"k", "alpha", "draft_cost", "predicted_speedup"}

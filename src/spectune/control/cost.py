@@ -9,7 +9,11 @@ with every input measured on the running request:
 - alpha, the per-token acceptance: an EWMA of accepted draft tokens over tested draft
   tokens (accepted, plus the one rejected token when a step was cut short). This is the
   maximum-likelihood alpha of the i.i.d. acceptance model, unlike accepted / drafted,
-  which also counts the draft tokens a rejection discarded.
+  which also counts the draft tokens a rejection discarded. It starts from a prior
+  (``prior_alpha`` over ``prior_tokens`` tested tokens) whose weight the EWMA decays: without
+  it, three first steps that accept nothing (common for a drafter that pays later, measured
+  on the suffix drafter's QA prompts) set alpha to 0 and hold K at 0 for ``probe_every``
+  tokens.
 - c, the draft cost: EWMA seconds per drafted token over the seconds of a one-token
   target step.
 - v(K), the verification curve: the ``cost_curve`` given at construction (measured with
@@ -58,6 +62,11 @@ class CostConfig:
     margin: float = 0.02  # a new K must beat the current K's predicted speedup by this
     verify_slope_prior: float = 0.05  # v(n) slope per token until two sizes are measured
     max_verify_groups: int = 4  # chunked verification in up to this many groups (1: never)
+    # The acceptance assumed before any step is measured, held as one pseudo-step that
+    # tested ``prior_tokens`` draft tokens; the EWMA decays it like any old step (weight
+    # (1 - smoothing)^n after n steps), so a few unlucky first steps do not stop a draft.
+    prior_alpha: float = 0.3
+    prior_tokens: float = 2.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_k <= MAX_K or not 1 <= self.initial_k <= self.max_k:
@@ -75,6 +84,11 @@ class CostConfig:
             raise InvalidParameterError("warmup_steps and probe_every must be >= 1")
         if self.margin < 0.0 or self.verify_slope_prior < 0.0:
             raise InvalidParameterError("margin and verify_slope_prior must be >= 0")
+        if not 0.0 <= self.prior_alpha < 1.0 or self.prior_tokens < 0.0:
+            raise InvalidParameterError(
+                f"need 0 <= prior_alpha < 1 and prior_tokens >= 0, got "
+                f"prior_alpha={self.prior_alpha} prior_tokens={self.prior_tokens}"
+            )
 
 
 class LearnedCurve:
@@ -124,8 +138,10 @@ class CostK:
         self.k = self.config.initial_k
         self.speculative_steps = 0
         self.plain_tokens = 0  # plain tokens since the last probe (or since K fell to 0)
-        self.tested = 0.0  # EWMA draft tokens tested per step (accepted + one rejected)
-        self.accepted = 0.0  # EWMA accepted per step; alpha = accepted / tested
+        # EWMA draft tokens tested per step (accepted + one rejected) and accepted per step,
+        # alpha = accepted / tested; both start at the prior's pseudo-step.
+        self.tested = self.config.prior_tokens
+        self.accepted = self.config.prior_alpha * self.config.prior_tokens
         self.draft_token_time: float | None = None  # EWMA seconds per drafted token
         self.target_one: float | None = None  # EWMA seconds of a one-token target step
         self.predicted: float | None = None  # S(K) of the current K at the last decision
