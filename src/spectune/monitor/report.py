@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from spectune.monitor.health import HealthCheck, health
 from spectune.monitor.stats import SpecStats, StatsSnapshot, StepNumbers, fallback_kind
@@ -18,7 +17,7 @@ from spectune.records import SpecCounts
 
 __all__ = ["PLOTS", "TraceReport", "analyse_trace", "peak_by_k", "plot_report"]
 
-PLOTS = ("acceptance.png", "k.png", "draft_share.png", "fallbacks.png")
+PLOTS = ("report.png",)
 
 
 @dataclass(frozen=True)
@@ -114,7 +113,14 @@ def _series(values: tuple[float | None, ...]) -> tuple[list[int], list[float]]:
 
 
 def plot_report(report: TraceReport, out_dir: str | Path) -> list[Path]:
-    """Write the four PNGs of ``PLOTS`` into ``out_dir``; returns their paths."""
+    """Write ``PLOTS`` (one figure: four panels over the same steps) into ``out_dir``;
+    returns their paths.
+
+    Panels, top to bottom: acceptance (the window and EWMA lines; faint dots for single
+    steps), K with the steps decoded plainly shaded by fallback kind, the draft latency
+    share against its 40% limit, and the verification peak memory. Dotted lines mark
+    request starts. The health bands are drawn where they are thresholds of the report's
+    summary (the 60-85% acceptance band, the 40% share limit)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
@@ -123,54 +129,60 @@ def plot_report(report: TraceReport, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     steps = len(report.k)
-    paths: list[Path] = []
+    fig, axes = plt.subplots(4, 1, figsize=(10, 8.5), sharex=True, height_ratios=(3, 2, 1.5, 1.5))
+    accept_ax, k_ax, share_ax, peak_ax = axes
 
-    def finish(fig: Any, ax: Any, name: str, title: str, ylabel: str) -> None:
-        for start in report.request_starts[1:]:
-            ax.axvline(start, color="0.8", linestyle=":", linewidth=0.8)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.set_xlim(-0.5, max(steps, 1) - 0.5)
-        path = out / name
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        paths.append(path)
-
-    fig, ax = plt.subplots(figsize=(9, 3.5))
-    ax.axhspan(0.60, 0.85, color="tab:green", alpha=0.08, label="target 60-85%")
+    accept_ax.axhspan(0.60, 0.85, color="tab:green", alpha=0.08, label="health band 60-85%")
     xs, ys = _series(report.step_acceptance)
-    ax.scatter(xs, ys, s=6, color="0.6", label="step")
+    accept_ax.scatter(xs, ys, s=4, color="0.75", label="one step", zorder=1)
     xs, ys = _series(report.window_acceptance)
-    ax.plot(xs, ys, color="tab:blue", label="window")
+    accept_ax.plot(xs, ys, color="tab:blue", linewidth=1.8, label="window", zorder=3)
     xs, ys = _series(report.ewma_acceptance)
-    ax.plot(xs, ys, color="tab:orange", linewidth=1, label="EWMA")
-    ax.set_ylim(-0.05, 1.05)
-    ax.legend(loc="lower right", fontsize="small")
-    finish(fig, ax, PLOTS[0], "Acceptance rate (accepted / drafted)", "acceptance")
+    accept_ax.plot(xs, ys, color="tab:orange", linewidth=1, label="EWMA", zorder=2)
+    accept_ax.set_ylim(-0.03, 1.03)
+    accept_ax.set_ylabel("accepted / tested")
+    accept_ax.set_title("Acceptance rate", loc="left")
+    accept_ax.legend(loc="upper right", fontsize="small", ncols=4, framealpha=0.9)
 
-    fig, ax = plt.subplots(figsize=(9, 3.0))
-    ax.step(range(steps), report.k, where="mid", color="tab:purple")
-    ax.set_ylim(-0.3, max(report.k, default=1) + 0.5)
-    finish(fig, ax, PLOTS[1], "K (draft tokens asked per step; 0 = plain)", "K")
-
-    fig, ax = plt.subplots(figsize=(9, 3.0))
-    ax.axhline(0.40, color="tab:red", linestyle="--", linewidth=1, label="limit 40%")
-    xs, ys = _series(report.window_draft_share)
-    ax.plot(xs, ys, color="tab:blue", label="window")
-    ax.set_ylim(0, max([0.5, *ys]) * 1.05)
-    ax.legend(loc="upper right", fontsize="small")
-    finish(fig, ax, PLOTS[2], "Draft latency share (draft time / step time)", "share")
-
-    fig, ax = plt.subplots(figsize=(9, 3.0))
+    k_ax.step(range(steps), report.k, where="mid", color="tab:purple", linewidth=1.2)
     kinds = sorted({k for k in report.fallbacks if k is not None})
-    rows = ["token", *kinds]
-    token_steps = [i for i, r in enumerate(report.rejections) if r]
-    ax.scatter(token_steps, [0] * len(token_steps), marker="|", s=40, color="0.5")
-    for row, kind in enumerate(kinds, 1):
+    for index, kind in enumerate(kinds):
         hits = [i for i, k in enumerate(report.fallbacks) if k == kind]
-        ax.scatter(hits, [row] * len(hits), marker="|", s=80, color=f"C{row}")
-    ax.set_yticks(range(len(rows)), rows)
-    ax.set_ylim(-0.7, len(rows) - 0.3)
-    finish(fig, ax, PLOTS[3], "Fallback events (token: rejection resampled)", "kind")
-    return paths
+        for i in hits:
+            k_ax.axvspan(i - 0.5, i + 0.5, color=f"C{index + 1}", alpha=0.25, linewidth=0)
+        k_ax.plot([], [], color=f"C{index + 1}", alpha=0.4, linewidth=6, label=f"{kind} fallback")
+    k_ax.set_ylim(-0.3, max(report.k, default=1) + 0.7)
+    k_ax.set_ylabel("K")
+    k_ax.set_title("K asked per step (0: plain decoding)", loc="left")
+    if kinds:
+        k_ax.legend(loc="upper right", fontsize="small", ncols=len(kinds), framealpha=0.9)
+
+    xs, ys = _series(report.window_draft_share)
+    share_ax.plot(xs, [100 * y for y in ys], color="tab:blue")
+    share_ax.axhline(40, color="tab:red", linestyle="--", linewidth=1, label="limit 40%")
+    share_ax.set_ylim(0, max([50.0, *(100 * y for y in ys)]) * 1.05)
+    share_ax.set_ylabel("% of step time")
+    share_ax.set_title("Draft latency share (window)", loc="left")
+    share_ax.legend(loc="upper right", fontsize="small")
+
+    xs, peaks = _series(tuple(None if p is None else p / 2**20 for p in report.verify_peak_bytes))
+    peak_ax.plot(xs, peaks, color="tab:gray", linewidth=1)
+    peak_ax.set_ylim(0, max([0.1, *peaks]) * 1.15)
+    peak_ax.set_ylabel("MiB")
+    peak_ax.set_title("Verification peak memory", loc="left")
+    peak_ax.set_xlabel("step")
+    peak_ax.set_xlim(-0.5, max(steps, 1) - 0.5)
+
+    for ax in axes:
+        for start in report.request_starts[1:]:
+            ax.axvline(start, color="0.6", linestyle=":", linewidth=0.8)
+        ax.grid(axis="y", color="0.92")
+    snap = report.snapshot
+    fig.suptitle(
+        f"spectune report: {snap.steps} steps, {report.requests} request(s)", x=0.01, ha="left"
+    )
+    fig.tight_layout()
+    path = out / PLOTS[0]
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
