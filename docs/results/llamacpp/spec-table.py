@@ -12,6 +12,7 @@ prompt so machine load falls on all of them alike:
 
 Decode tokens/s (prefill excluded: llama-lookup's "decoded ... speed", spectune's
 ``Generation.decode_time``). Run: LLAMA_LOOKUP=path/to/llama-lookup python spec-table.py [threads]
+(llama-lookup built from the llama.cpp that llama-cpp-python 0.3.36 vendors).
 """
 
 from __future__ import annotations
@@ -85,20 +86,21 @@ engine_plain.run(prompts[0].tokens(target.tokenizer), SamplingParams(max_tokens=
 for prompt in prompts:
     ids = prompt.tokens(target.tokenizer)
     text = target.tokenizer.hf.decode(ids)
-    runs = {
-        "llama.cpp plain (C++ llama-lookup, n-max 0)": lambda: cpp(text, 0),
-        "llama.cpp prompt lookup (C++ llama-lookup, n-max 4)": lambda: cpp(text, 4),
-        "spectune on llama.cpp: plain": lambda: spectune("plain", ids, FixedK(0)),
-        "spectune on llama.cpp: ngram K=4": lambda: spectune("ngram", ids, FixedK(4)),
-        "spectune on llama.cpp: suffix K=4": lambda: spectune("suffix", ids, FixedK(4)),
-        "spectune on llama.cpp: suffix cost": lambda: spectune("suffix", ids, make_policy("cost")),
-    }
-    for label, run in runs.items():
-        rates.setdefault(label, []).append(run())
+    runs = (
+        ("llama.cpp plain (C++ llama-lookup, n-max 0)", cpp, (text, 0)),
+        ("llama.cpp prompt lookup (C++ llama-lookup, n-max 4)", cpp, (text, 4)),
+        ("spectune on llama.cpp: plain", spectune, ("plain", ids, FixedK(0))),
+        ("spectune on llama.cpp: ngram K=4", spectune, ("ngram", ids, FixedK(4))),
+        ("spectune on llama.cpp: suffix K=4", spectune, ("suffix", ids, FixedK(4))),
+        ("spectune on llama.cpp: suffix cost", spectune, ("suffix", ids, make_policy("cost"))),
+    )
+    for label, run, args in runs:
+        rates.setdefault(label, []).append(run(*args))  # type: ignore[operator]
     print(prompt.id, {k: round(v[-1], 1) for k, v in rates.items()}, flush=True)
 
 print(
-    f"\n{len(prompts)} prompts, {TOKENS} tokens, greedy, {THREADS} thread(s); decode tokens/s (median over prompts)\n"
+    f"\n{len(prompts)} prompts, {TOKENS} tokens, greedy, {THREADS} thread(s); "
+    "decode tokens/s (median over prompts)\n"
 )
 print("| system | tok/s | x its runtime's plain |\n|---|---:|---:|")
 base = {
