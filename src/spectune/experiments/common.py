@@ -50,6 +50,44 @@ __all__ = [
 ]
 
 
+# Requests whose answers run long (the evidence report's "acceptance falls late in long
+# outputs" needs outputs of 512+ tokens; the evaluation prompts' answers end sooner).
+LONG_FORM_REQUESTS: tuple[tuple[str, str], ...] = (
+    (
+        "long-guide",
+        "Write a detailed guide of at least 800 words on starting a vegetable garden: the "
+        "site, the soil, choosing seeds, watering, pests and the harvest, one section each.",
+    ),
+    (
+        "long-story",
+        "Write a long story, at least 800 words, about a lighthouse keeper who finds a "
+        "message in a bottle.",
+    ),
+    (
+        "long-explain",
+        "Explain thoroughly, step by step and in at least 800 words, how a computer runs a "
+        "program, from the source code to the instructions the CPU executes.",
+    ),
+    (
+        "long-code",
+        "Write a complete Python module for a to-do list manager with functions to add, "
+        "remove, list, save and load tasks, with docstrings, type hints and an example.",
+    ),
+    (
+        "long-essay",
+        "Write an essay of at least 800 words on the causes and the consequences of the "
+        "Industrial Revolution.",
+    ),
+    (
+        "long-math",
+        "Solve these problems and show every step: (1) A train travels 240 km in 3 hours; "
+        "what is its speed? (2) What is 15% of 360? (3) A rectangle is 12 m by 7 m; what "
+        "are its area and perimeter? (4) If 3x + 7 = 31, what is x? (5) A shop sells pens "
+        "at 3 for $2; how much do 27 pens cost?",
+    ),
+)
+
+
 @dataclass(frozen=True)
 class Setup:
     target: LanguageModel
@@ -59,6 +97,9 @@ class Setup:
     description: str
     stand_in: bool = False  # toy models or an untrained stand-in draft: nothing to record
     categories: tuple[str, ...] = ()  # per prompt, in order; () where unknown
+    # Requests for long answers (the evidence's long-output rule); () where none: the
+    # experiments that need them use ``prompts`` instead.
+    long_prompts: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def fresh_drafter(self) -> Drafter:
         """A drafter with the draft's weights and its own (empty) state."""
@@ -236,6 +277,10 @@ def load_setup(
             )
     prompts = load_prompts(split=split, limit_per_category=per_category)
     encoded = tuple((p.id, tuple(p.tokens(target.tokenizer))) for p in prompts)
+    long_prompts = tuple(
+        (name, tuple(target.tokenizer.encode_chat([{"role": "user", "content": text}])))
+        for name, text in LONG_FORM_REQUESTS
+    )
     description = f"{target.model.info.name} + {draft.name}"
     return Setup(
         target.model,
@@ -244,6 +289,7 @@ def load_setup(
         description,
         stand_in=draft_ref.startswith(("layers:", "noise:")),
         categories=tuple(p.category for p in prompts),
+        long_prompts=long_prompts,
     )
 
 

@@ -17,6 +17,7 @@ JSON-able dicts (the stage files' ``data``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,7 +73,8 @@ def acceptance_by_temperature(
 def acceptance_by_position(
     setup: Setup, *, k: int, long_tokens: int, window: int
 ) -> dict[str, Any]:
-    """Outputs are decoded up to ``long_tokens``; those that reach it are the long ones."""
+    """Outputs are decoded up to ``long_tokens``; those that reach it are the long ones.
+    The setup's long-form requests are decoded where it has them, else its prompts."""
     params = SamplingParams(temperature=0.0, max_tokens=long_tokens)
     windows = -(-long_tokens // window)
     drafted = np.zeros((2, windows), dtype=np.int64)  # [all | long outputs, window]
@@ -89,8 +91,11 @@ def acceptance_by_position(
             accepted[rows, slot] += step.accepted
             position += len(step.emitted)
 
+    if setup.long_prompts:
+        setup = dataclasses.replace(setup, prompts=setup.long_prompts, categories=())
     decode_prompts(setup, f"K={k}", setup.fresh_drafter, params, k, on_generation=count)
     return {
+        "prompts": [name for name, _ in setup.prompts],
         "k": k,
         "window": window,
         "long_tokens": long_tokens,
