@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from spectune.control.base import FixedK
+from spectune.control.base import FixedK, StepPlan
 from spectune.decode.sequence import SequenceState, Step
 from spectune.decode.step import CHUNK_SLACK
 from spectune.draft import CONTEXT_FULL, Draft, Refusal
@@ -42,15 +42,12 @@ class Policy(FixedK):
         self.groups = groups
         self.seen: list[StepRecord] = []
 
-    @property
-    def reason(self) -> str | None:
-        return "held: k is 0" if self.k == 0 else None
+    def plan(self) -> StepPlan:
+        groups = None if self.groups is None else (self.groups,) * (self.k + 1)
+        return StepPlan(self.k, groups, "held: k is 0" if self.k == 0 else None)
 
     def observe(self, record: StepRecord) -> None:
         self.seen.append(record)
-
-    def verify_groups(self, k: int) -> int | None:
-        return self.groups
 
 
 @dataclass

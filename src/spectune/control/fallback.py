@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from spectune.control.base import GroupedVerification, KPolicy, PolicyState, ReportsState
+from spectune.control.base import KPolicy, PolicyState, ReportsState, StepPlan
 from spectune.control.costs import CostCurve, ewma
 from spectune.errors import InvalidParameterError
 from spectune.records import SpecCounts, StepRecord
@@ -305,31 +305,24 @@ class Guarded:
     def _holds(self) -> list[Hold]:
         return [hold for check in self.checks if (hold := check.check()) is not None]
 
-    def next_k(self) -> int:
-        k = self.inner.next_k()
-        for hold in self._holds():
-            k = min(k, hold.max_k)
-        return k
+    def plan(self) -> StepPlan:
+        """The inner policy's plan, whole (its verification groups included), with K
+        capped by every objection; the first objection that holds K at 0 gives the
+        reason, else the inner policy's."""
+        plan = self.inner.plan()
+        holds = self._holds()
+        if not holds:
+            return plan
+        reason = next((hold.reason for hold in holds if hold.max_k == 0), plan.reason)
+        return plan.capped(min(hold.max_k for hold in holds), reason)
 
     def observe(self, record: StepRecord) -> None:
         self.inner.observe(record)
         for check in self.checks:
             check.observe(record)
 
-    def verify_groups(self, k: int) -> int | None:
-        """The inner policy's choice of chunked verification, if it makes one."""
-        inner = self.inner
-        return inner.verify_groups(k) if isinstance(inner, GroupedVerification) else None
-
-    @property
-    def reason(self) -> str | None:
-        for hold in self._holds():
-            if hold.max_k == 0:
-                return hold.reason
-        return self.inner.reason
-
     def state(self) -> PolicyState:
-        state: PolicyState = {"policy": self.name, "next_k": self.next_k()}
+        state: PolicyState = {"policy": self.name, "next_k": self.plan().k}
         if isinstance(self.inner, ReportsState):
             state.update(self.inner.state())
         for check in self.checks:

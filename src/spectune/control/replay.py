@@ -1,8 +1,8 @@
 """Drive a K policy with scripted steps, without models: a test double for controllers.
 
-``drive`` plays the engine's side of the contract: ask ``next_k()``, fabricate the step's
-``StepRecord`` from a script (acceptance, timings), give the record the policy's
-``reason`` as its fallback when K is 0 (as the engine does), and ``observe`` it. The K
+``drive`` plays the engine's side of the contract: ask ``plan()``, fabricate the step's
+``StepRecord`` from a script (acceptance, timings), give the record the plan's ``reason``
+as its fallback when K is 0 (as the engine does), and ``observe`` it. The K
 trajectory comes back, so a test states "these acceptances give these K" directly, with
 timings injected rather than measured (no sleeps, no timed tests).
 """
@@ -75,7 +75,8 @@ def drive(
         raise ValueError("a script function needs a number of steps")
     trajectory = []
     for index in range(count):
-        k = policy.next_k()
+        plan = policy.plan()
+        k = plan.k
         entry = script[index] if isinstance(script, Sequence) else script(index, k)
         step = entry if isinstance(entry, ScriptedStep) else ScriptedStep(float(entry))
         drafted = k if step.drafted is None else min(k, step.drafted)
@@ -86,7 +87,7 @@ def drive(
             draft_time=step.draft_time_per_token * drafted,
             target_time=step.target_time,
             index=index,
-            fallback=policy.reason if k == 0 else None,
+            fallback=plan.reason if k == 0 else None,
         )
         policy.observe(record)
         trajectory.append(k)

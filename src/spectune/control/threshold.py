@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from spectune.control.base import PolicyState
+from spectune.control.base import PolicyState, StepPlan
 from spectune.errors import InvalidParameterError
 from spectune.records import MAX_K, StepRecord
 
@@ -77,8 +77,9 @@ class ThresholdK:
         self.streak = 0  # > 0: consecutive votes to raise, < 0: to lower
         self.last_rate: float | None = None
 
-    def next_k(self) -> int:
-        return max(self.config.min_k, self.k - self.offset)
+    def plan(self) -> StepPlan:
+        # Never holds speculation off by itself (K >= min_k >= 1), so never a reason.
+        return StepPlan(max(self.config.min_k, self.k - self.offset))
 
     def observe(self, record: StepRecord) -> None:
         if record.drafted == 0:
@@ -104,10 +105,6 @@ class ThresholdK:
             if moved != self.k:
                 self.k = moved
                 self.window.clear()
-
-    @property
-    def reason(self) -> str | None:
-        return None  # never holds speculation off by itself (K >= min_k >= 1)
 
     def state(self) -> PolicyState:
         return {
