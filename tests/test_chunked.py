@@ -117,10 +117,10 @@ def test_engine_with_chunked_verification_matches_one_pass(
     assert chunked.tokens == one_pass.tokens
 
     def shape(steps: list[StepRecord]) -> list[tuple[int, int]]:
-        return [(s.drafted, s.accepted) for s in steps]
+        return [(s.num_draft_tokens, s.accepted) for s in steps]
 
     assert shape(chunked.steps) == shape(one_pass.steps)
-    full_cost = len(prompt) - 1 + sum(s.drafted + 1 for s in one_pass.steps)
+    full_cost = len(prompt) - 1 + sum(s.num_draft_tokens + 1 for s in one_pass.steps)
     assert counting.tokens_forwarded < full_cost  # early rejections skipped later groups
 
 
@@ -156,7 +156,7 @@ def record(k: int, accepted: int, *, groups: int = 1) -> StepRecord:
     return StepRecord(
         index=0,
         k=k,
-        drafted=k,
+        num_draft_tokens=k,
         accepted=accepted,
         emitted=(1,) * (accepted + 1),
         draft_time=0.001 * k,
@@ -200,8 +200,8 @@ def test_engine_takes_the_groups_through_the_fallback_wrapper(
     policy = Guarded(GroupedK(6, 3), [LocalFallback()], name="grouped")
     gen = SpeculativeEngine(toy_target, ModelDrafter(toy_draft)).run(prompt, params, policy=policy)
     assert gen.tokens == plain
-    assert {s.verify_groups for s in gen.steps if s.drafted > 1} == {3}
-    assert all(s.verify_groups == 1 for s in gen.steps if s.drafted <= 1)
+    assert {s.verify_groups for s in gen.steps if s.num_draft_tokens > 1} == {3}
+    assert all(s.verify_groups == 1 for s in gen.steps if s.num_draft_tokens <= 1)
     unwrapped = Guarded(FixedK(6), [], name="fixed")
     assert unwrapped.plan().verify_groups is None  # no opinion: the engine's setting applies
 

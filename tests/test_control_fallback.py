@@ -66,7 +66,7 @@ def test_plain_steps_neither_count_nor_break_the_run() -> None:
     for _ in range(3):
         check.observe(fake_record(4, 0))
     check.observe(fake_record(0, 0))
-    check.observe(fake_record(4, 0, drafted=0))  # the drafter had nothing to propose
+    check.observe(fake_record(4, 0, num_draft_tokens=0))  # the drafter had nothing to propose
     assert check.bad_run == 3
     check.observe(fake_record(4, 1))
     check.observe(fake_record(4, 0))

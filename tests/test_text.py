@@ -100,7 +100,7 @@ def test_server_usage_counts_only_the_output() -> None:
     assembler = TextAssembler(BYTES, ("END",))
 
     def step(text: str, accepted: int, drafted: int | None = None) -> StepRecord:
-        record = fake_record(4, accepted, drafted=drafted, emitted=len(ids(text)))
+        record = fake_record(4, accepted, num_draft_tokens=drafted, emitted=len(ids(text)))
         return dataclasses.replace(record, emitted=tuple(ids(text)))
 
     first = assembler.push(dataclasses.replace(step("abcE", 3, drafted=9), tree_depth=4))

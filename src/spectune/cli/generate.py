@@ -91,7 +91,7 @@ def summary(gen: Generation, watch: RequestMonitor | None = None) -> dict[str, A
         "tokens": len(gen.tokens),
         "steps": counts.steps,
         "tokens_per_second": round(gen.tokens_per_second, 2),
-        "drafted": counts.draft_tokens,  # a tree: its nodes
+        "drafted": counts.num_draft_tokens,  # a tree: its nodes
         "positions": counts.positions,  # the acceptance rate's denominator
         "accepted": counts.accepted,
         "acceptance_rate": round(gen.acceptance_rate, 4),

@@ -8,7 +8,7 @@ Each decision evaluates the analytic speedup of ``spectune.control.costs`` (the 
 with every input measured on the running request:
 - alpha, the per-token acceptance: an EWMA of accepted draft tokens over tested draft
   tokens (accepted, plus the one rejected token when a step was cut short). This is the
-  maximum-likelihood alpha of the i.i.d. acceptance model, unlike accepted / drafted,
+  maximum-likelihood alpha of the i.i.d. acceptance model, unlike accepted / positions,
   which also counts the draft tokens a rejection discarded.
 - c, the draft cost: EWMA seconds per drafted token over the seconds of a one-token
   target step.
@@ -154,22 +154,23 @@ class CostK:
         self._table = None
         cfg = self.config
         w = cfg.smoothing
-        tokens = record.drafted + 1  # the target's chunk: the pending token and the draft
+        tokens = record.num_draft_tokens + 1  # the target's chunk: the pending token and the draft
         if record.target_time > 0.0 and record.verify_groups == 1:
             if self.cost_curve is not None:
-                one = record.target_time / self.cost_curve.relative(record.drafted)
+                one = record.target_time / self.cost_curve.relative(record.num_draft_tokens)
                 self.target_one = ewma(self.target_one, one, w)
             else:
                 self.learned.observe(tokens, record.target_time)
                 self.target_one = self.learned.time(1)
-        if record.drafted == 0:
+        if record.num_draft_tokens == 0:
             if record.k == 0:
                 self.plain_tokens += len(record.emitted)
             return
         rejected = 1 if record.accepted < record.positions else 0
         self.accepted = (1.0 - w) * self.accepted + w * record.accepted
         self.tested = (1.0 - w) * self.tested + w * (record.accepted + rejected)
-        self.draft_token_time = ewma(self.draft_token_time, record.draft_time / record.drafted, w)
+        per_token = record.draft_time / record.num_draft_tokens
+        self.draft_token_time = ewma(self.draft_token_time, per_token, w)
         self.speculative_steps += 1
         if self.k == 0:
             self.plain_tokens = 0  # that was a probe

@@ -74,7 +74,7 @@ class FallbackCheck(Protocol):
 
 @dataclass(frozen=True)
 class LocalFallbackConfig:
-    below: float = 0.5  # a step is bad when accepted / drafted is below this
+    below: float = 0.5  # a step is bad when accepted / positions is below this
     bad_steps: int = 5  # consecutive bad steps that trigger the back-off (the issue: 5-10)
     backoff_tokens: int = 16  # plain-decoded tokens of the first back-off
     backoff_growth: float = 2.0  # back-off multiplier on every further trigger
@@ -134,7 +134,7 @@ class LocalFallback:
                     self.phase, self.bad_run = "watch", 0
                 else:
                     self._trigger(f"probe acceptance {rate:.0%} below {cfg.below:.0%}")
-        elif record.drafted > 0:
+        elif record.num_draft_tokens > 0:
             if record.accepted / record.positions < cfg.below:
                 self.bad_run += 1
                 if self.bad_run >= cfg.bad_steps:
@@ -258,13 +258,13 @@ class GlobalFallback:
         return self.draft_step / self.target_step
 
     def observe(self, record: StepRecord) -> None:
-        if self.tripped or record.drafted == 0 or record.target_time <= 0.0:
+        if self.tripped or record.num_draft_tokens == 0 or record.target_time <= 0.0:
             return
         self.seen += 1
         if self.seen == 1:
             return  # one-time work, see the class docstring
-        relative = self.cost_curve.relative(record.drafted) if self.cost_curve else 1.0
-        draft_step = record.draft_time / record.drafted
+        relative = self.cost_curve.relative(record.num_draft_tokens) if self.cost_curve else 1.0
+        draft_step = record.draft_time / record.num_draft_tokens
         target_step = record.target_time / relative
         w = self.config.smoothing
         self.draft_step = ewma(self.draft_step, draft_step, w)

@@ -175,7 +175,7 @@ def predict(workload: Workload, costs: StepCosts, spec: PolicySpec) -> Predictio
             record = fake_record(
                 k,
                 run,
-                drafted=offered,
+                num_draft_tokens=offered,
                 draft_time=draft_time,
                 target_time=target_time,
                 overhead_time=overhead,

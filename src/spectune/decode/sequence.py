@@ -170,7 +170,7 @@ class SequenceState:
         record = StepRecord(
             index=self.index,
             k=step.k,
-            drafted=len(step.draft),
+            num_draft_tokens=len(step.draft),
             accepted=result.num_accepted,
             emitted=tuple(emitted),
             draft_time=step.draft_time,
