@@ -77,7 +77,7 @@ class SpeculativeEngine:
         self, target: LanguageModel, drafter: Drafter | None = None, *, verify_groups: int = 1
     ) -> None:
         """``verify_groups > 1`` verifies chain drafts group by group (``spectune.verify.grouped``);
-        a policy that implements ``GroupedVerification`` chooses per step instead."""
+        a policy whose ``StepPlan`` names groups chooses per step instead."""
         if verify_groups < 1:
             raise InvalidParameterError(f"verify_groups must be >= 1, got {verify_groups}")
         self.target = target

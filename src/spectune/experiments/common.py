@@ -140,7 +140,7 @@ class DecodeStats(CountsReport):
     def target_tokens(self) -> int:
         """Tokens the target forwarded in decode steps (its verification work): each step
         the pending token and every draft token (a tree: every node)."""
-        return self.counts.draft_tokens + self.counts.steps
+        return self.counts.num_draft_tokens + self.counts.steps
 
     @property
     def decode_seconds(self) -> float:
