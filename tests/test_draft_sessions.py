@@ -4,12 +4,15 @@ drafter drafts alone."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
+
 import pytest
 import torch
 
 from spectune.decode.step import CHUNK_SLACK
-from spectune.draft import Draft
-from spectune.drafters.base import DraftRequest, OneRow
+from spectune.draft import CONTEXT_FULL, Draft, Refusal, RefusalKind
+from spectune.drafters.base import DraftRequest, OneRow, TargetFeatures
 from spectune.drafters.model import ModelDrafter
 from spectune.errors import DrafterError
 from spectune.models.llama import LlamaLM
@@ -58,3 +61,57 @@ def test_one_row_refusals_are_drafter_errors_and_k_zero_is_empty(toy_draft: Llam
     assert len(draft) == 2 and fresh.row.joined
     fresh.reset()
     assert not fresh.row.joined and fresh.row.session.cache.length() == 0
+
+
+def test_each_refusal_kind_reads_as_its_fallback_reason() -> None:
+    """The reason text records, traces and the monitor read is derived from the typed
+    refusal in one place: ``<kind>`` or ``<kind>: <detail>``, first line, 200 characters."""
+    assert CONTEXT_FULL.reason == "draft_context_full" and not CONTEXT_FULL.permanent
+    failed = Refusal.error(ValueError("probabilities hold NaN\nsecond line"))
+    assert failed.kind is RefusalKind.DRAFTER_ERROR and failed.permanent
+    assert failed.reason == "drafter_error: probabilities hold NaN"
+    assert Refusal.error("x" * 300).reason == "drafter_error: " + "x" * 185
+    assert Refusal.error(RuntimeError()).reason == "drafter_error: "  # an empty message
+    late = Refusal(RefusalKind.DRAFT_DEADLINE, "the drafter is still in a late pass")
+    assert late.reason == "draft_deadline: the drafter is still in a late pass"
+    assert {kind.value for kind in RefusalKind} == {
+        "draft_context_full",
+        "drafter_error",
+        "draft_deadline",
+    }
+
+
+def test_a_one_row_refusal_raises_its_detail(toy_draft: LlamaLM) -> None:
+    """The single engine adds the ``drafter_error: `` kind itself: the exception carries
+    the detail only (the kind's name where there is none)."""
+
+    class Refusing:
+        """A session that refuses every request with ``refusal``."""
+
+        name = "refusing"
+
+        def __init__(self, refusal: Refusal) -> None:
+            self.refusal = refusal
+
+        def add(self, row: int, prompt: Sequence[int], features: TargetFeatures | None) -> None:
+            pass
+
+        def move(self, src: int, dst: int) -> None:
+            pass
+
+        def free(self, row: int) -> None:
+            pass
+
+        def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
+            return [self.refusal for _ in requests]
+
+        def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
+            pass
+
+    for refusal, message in (
+        (Refusal.error("boom"), "^boom$"),
+        (CONTEXT_FULL, "^draft_context_full$"),
+    ):
+        row = OneRow(partial(Refusing, refusal))
+        with pytest.raises(DrafterError, match=message):
+            row.propose([1, 2], 2, SamplingParams(), None)

@@ -235,8 +235,8 @@ class OneRow(Generic[S]):
         self.join(context)
         request = DraftRequest(0, context, num_tokens, params, generator)
         answer = self.session.propose([request], 1)[0]
-        if isinstance(answer, Refusal):  # the engine prefixes "drafter_error: " again
-            raise DrafterError(answer.reason.removeprefix("drafter_error: "))
+        if isinstance(answer, Refusal):  # the engine makes it a drafter_error reason
+            raise DrafterError(answer.kind.value if answer.detail is None else answer.detail)
         return answer
 
 

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 
 from spectune.draft import Draft, Refusal
 from spectune.drafters.base import Drafter, DraftRequest, TargetFeatures
-from spectune.records import drafter_error
 
 __all__ = ["PerRow", "PerSequenceDrafters"]
 
@@ -56,12 +55,12 @@ class PerSequenceDrafters:
         for req in requests:
             drafter = self.drafters[req.row]
             if drafter is None:
-                drafts.append(Refusal("drafter_error: no drafter for this row"))
+                drafts.append(Refusal.error("no drafter for this row"))
                 continue
             try:
                 drafts.append(drafter.propose(req.context, req.k, req.params, req.generator))
             except Exception as exc:  # one sequence's drafter failing never fails the batch
-                drafts.append(Refusal(drafter_error(exc)))
+                drafts.append(Refusal.error(exc))
         return drafts
 
     def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:

@@ -179,7 +179,7 @@ class FeatureSession:
             if length + req.k > self.limit:
                 return CONTEXT_FULL
             if self.known[req.row] < length - 1:
-                return Refusal(f"drafter_error: {NEEDS_STATES}")
+                return Refusal.error(NEEDS_STATES)
             return None
 
         return propose_ready(requests, refuse, lambda ready: self._draft(ready, num_rows))
