@@ -7,8 +7,9 @@ the committed context (a rejection rolls the row back to it), ingests the rest, 
 k tokens, the k-th not ingested (if it is accepted it is ingested at the start of the next
 proposal, together with the target's bonus token). ``ModelDrafter``'s own ``Drafter``
 methods drive a one-row session (``spectune.drafters.base.OneRow``), so a sequence drafts
-the same tokens alone or in a batch; the tree drafter (``spectune.drafters.tree``) keeps its
-cache in step through a one-row session too.
+the same tokens alone or in a batch. Its tree form (``tree(shape)``: ``TreeDrafter``, below;
+the growth is ``spectune.drafters.tree``'s) keeps its cache in step through a one-row
+session too.
 
 Ragged rows: rows need different numbers of tokens, so a chunk is padded after each row's
 real tokens and every row is truncated back to its own length afterwards. Causal
@@ -28,14 +29,22 @@ import torch
 from torch import Tensor
 
 from spectune.draft import CONTEXT_FULL, Draft, Refusal
-from spectune.drafters.base import DraftRequest, OneRow, RowDrafter, TargetFeatures, propose_ready
-from spectune.drafters.reduced import scatter_to_vocab
+from spectune.drafters.base import (
+    DraftRequest,
+    OneRow,
+    RowDrafter,
+    TargetFeatures,
+    TreeShape,
+    propose_ready,
+)
+from spectune.drafters.reduced import scatter_to_vocab, vocab_coverage
+from spectune.drafters.tree import GrowingTree, TreeGrower, chunk_layout
 from spectune.errors import InvalidParameterError
-from spectune.models.base import LanguageModel
+from spectune.models.base import LanguageModel, takes_tree_masks
 from spectune.models.rows import RowsCache, forward_row, ragged_forward
 from spectune.sampling import SamplingParams, process_logits, sample_from
 
-__all__ = ["ModelDrafter", "ModelSession", "choose_token", "common_prefix"]
+__all__ = ["ModelDrafter", "ModelSession", "TreeDrafter", "choose_token", "common_prefix"]
 
 
 def choose_token(
@@ -79,6 +88,18 @@ class ModelDrafter(RowDrafter):
     def fresh(self) -> ModelDrafter:
         """The same model, vocabulary and name; its own (empty) per-request state."""
         return ModelDrafter(self.model, name=self.name, vocab_subset=self.vocab_subset)
+
+    def tree(self, shape: TreeShape) -> TreeDrafter:
+        """The token-tree form: the same model growing trees of ``shape``."""
+        if not takes_tree_masks(self.model) or self.vocab_subset is not None:
+            raise InvalidParameterError(
+                "token trees need a full-vocabulary draft model that takes tree attention "
+                "masks (--runtime native)"
+            )
+        return TreeDrafter(self.model, shape)
+
+    def describe(self) -> str:
+        return f"{self.name} (draft model{vocab_coverage(self.vocab_subset, self.model)})"
 
     @torch.inference_mode()
     def score_sequence(
@@ -207,3 +228,79 @@ class ModelSession:
                 self.ingested[req.row].append(int(tokens[req.row][-1]))
                 logits[req.row] = out.logits[req.row, 0]
         return [Draft(torch.stack(tokens[r.row]), torch.stack(probs[r.row])) for r in requests]
+
+
+class TreeDrafter(TreeGrower):
+    """Drafts a token tree with a draft model (``spectune.drafters.tree``), the tree form of
+    ``ModelDrafter``; its cache is kept in step with the context by a one-row
+    ``ModelSession``, as the chain drafter's is."""
+
+    def __init__(
+        self, model: LanguageModel, shape: TreeShape | None = None, *, name: str | None = None
+    ) -> None:
+        self.model = model
+        self.shape = shape or TreeShape()
+        self.vocab_size = model.info.vocab_size
+        self.name = name or f"tree:{model.info.name}:w{self.shape.width}n{self.shape.nodes}"
+        self.row: OneRow[ModelSession] = OneRow(lambda: ModelDrafter(model).open(1))
+        self._last = None
+
+    def describe(self) -> str:
+        shape = self.shape
+        return (
+            f"{self.name} (draft-model token tree, width {shape.width}, {shape.nodes} nodes"
+            f"{vocab_coverage(None, self.model)})"
+        )
+
+    def reset(self) -> None:
+        self.row.reset()
+        self._last = None
+
+    def _root_logits(self, context: Sequence[int]) -> Tensor:
+        self.row.join(context)
+        return self.row.session.sync({0: context}, 1)[0]
+
+    def _score(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
+        """One forward over ``nodes`` and their ancestors under the tree mask."""
+        chunk, positions, mask = chunk_layout(tree, nodes, tree.prefix - 1)
+        cache = self.row.session.cache
+        cache.truncate(tree.prefix)
+        out = self.model.forward(
+            torch.tensor([[tree.tokens[n] for n in chunk]]),
+            cache,
+            positions=positions,
+            chunk_mask=mask,
+        )
+        tree.chunk = chunk
+        return out.logits[0, [chunk.index(n) for n in nodes]]
+
+    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
+        """Compact the accepted path's draft entries from the last forward into place."""
+        last, self._last = self._last, None
+        if not self.row.joined:
+            self.row.join(context, features)
+        session = self.row.session
+        if last is None or session.ingested[0][: last.prefix] != list(context[: last.prefix]):
+            return
+        slot_of = {node: last.prefix + i for i, node in enumerate(last.chunk)}
+        current, slots = -1, []
+        for token in context[last.prefix :]:
+            child = next(
+                (
+                    i
+                    for i, (t, p) in enumerate(zip(last.tokens, last.parents, strict=True))
+                    if p == current and t == token
+                ),
+                None,
+            )
+            if child is None or child not in slot_of:
+                break
+            slots.append(slot_of[child])
+            current = child
+        cache = session.cache
+        if not slots:
+            cache.truncate(min(cache.length(), last.prefix))
+            return
+        cache.move_slots(0, torch.tensor(slots, dtype=torch.long), last.prefix)
+        cache.truncate(last.prefix + len(slots))
+        session.ingested[0] = list(context[: last.prefix + len(slots)])

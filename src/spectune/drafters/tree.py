@@ -1,4 +1,9 @@
-"""Tree drafter: a draft model expands a token tree instead of a chain.
+"""Growing token trees: how a drafter expands a tree instead of a chain.
+
+The growth below is shared; what scores a node is the drafter's own: a draft model's
+(``spectune.drafters.model.TreeDrafter``) or a feature head's
+(``spectune.drafters.feature.FeatureTreeDrafter``), each the ``tree(shape)`` form of its
+chain drafter.
 
 Children of a node are the top-``width`` tokens by draft probability at temperature 0,
 and ``width`` draws *without replacement* from the processed draft distribution when
@@ -38,32 +43,10 @@ import torch
 from torch import Tensor
 
 from spectune.draft import MAX_TREE_NODES, Draft, tree_layout
-from spectune.drafters.base import OneRow, TargetFeatures
-from spectune.drafters.model import ModelDrafter, ModelSession
-from spectune.errors import InvalidParameterError
-from spectune.models.base import LanguageModel
+from spectune.drafters.base import TargetFeatures, TreeShape
 from spectune.sampling import SamplingParams, process_logits, sample_from
 
-__all__ = ["GrowingTree", "TreeDrafter", "TreeGrower", "TreeShape", "chunk_layout"]
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """How a tree grows: children per expanded node, node budget, pruning threshold."""
-
-    width: int = 2
-    nodes: int = 16
-    min_path_prob: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.width <= 8:
-            raise InvalidParameterError(f"tree width must be in [1, 8], got {self.width}")
-        if not 1 <= self.nodes <= MAX_TREE_NODES:
-            raise InvalidParameterError(
-                f"tree node budget must be in [1, {MAX_TREE_NODES}], got {self.nodes}"
-            )
-        if not 0.0 <= self.min_path_prob < 1.0:
-            raise InvalidParameterError("min_path_prob must be in [0, 1)")
+__all__ = ["GrowingTree", "TreeGrower", "TreeShape", "chunk_layout"]
 
 
 @dataclass
@@ -257,71 +240,3 @@ class TreeGrower(ABC):
             drawn.append(token)
             remaining[token] = 0.0
         return drawn
-
-
-class TreeDrafter(TreeGrower):
-    """Drafts a token tree with a draft model (see the module docstring); its cache is kept
-    in step with the context by a one-row ``ModelSession``, as the chain drafter's is."""
-
-    def __init__(
-        self, model: LanguageModel, shape: TreeShape | None = None, *, name: str | None = None
-    ) -> None:
-        self.model = model
-        self.shape = shape or TreeShape()
-        self.vocab_size = model.info.vocab_size
-        self.name = name or f"tree:{model.info.name}:w{self.shape.width}n{self.shape.nodes}"
-        self.row: OneRow[ModelSession] = OneRow(lambda: ModelDrafter(model).open(1))
-        self._last = None
-
-    def reset(self) -> None:
-        self.row.reset()
-        self._last = None
-
-    def _root_logits(self, context: Sequence[int]) -> Tensor:
-        self.row.join(context)
-        return self.row.session.sync({0: context}, 1)[0]
-
-    def _score(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
-        """One forward over ``nodes`` and their ancestors under the tree mask."""
-        chunk, positions, mask = chunk_layout(tree, nodes, tree.prefix - 1)
-        cache = self.row.session.cache
-        cache.truncate(tree.prefix)
-        out = self.model.forward(
-            torch.tensor([[tree.tokens[n] for n in chunk]]),
-            cache,
-            positions=positions,
-            chunk_mask=mask,
-        )
-        tree.chunk = chunk
-        return out.logits[0, [chunk.index(n) for n in nodes]]
-
-    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
-        """Compact the accepted path's draft entries from the last forward into place."""
-        last, self._last = self._last, None
-        if not self.row.joined:
-            self.row.join(context, features)
-        session = self.row.session
-        if last is None or session.ingested[0][: last.prefix] != list(context[: last.prefix]):
-            return
-        slot_of = {node: last.prefix + i for i, node in enumerate(last.chunk)}
-        current, slots = -1, []
-        for token in context[last.prefix :]:
-            child = next(
-                (
-                    i
-                    for i, (t, p) in enumerate(zip(last.tokens, last.parents, strict=True))
-                    if p == current and t == token
-                ),
-                None,
-            )
-            if child is None or child not in slot_of:
-                break
-            slots.append(slot_of[child])
-            current = child
-        cache = session.cache
-        if not slots:
-            cache.truncate(min(cache.length(), last.prefix))
-            return
-        cache.move_slots(0, torch.tensor(slots, dtype=torch.long), last.prefix)
-        cache.truncate(last.prefix + len(slots))
-        session.ingested[0] = list(context[: last.prefix + len(slots)])
