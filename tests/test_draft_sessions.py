@@ -4,7 +4,6 @@ drafter drafts alone."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import partial
 
 import pytest
@@ -12,8 +11,9 @@ import torch
 
 from spectune.decode.step import CHUNK_SLACK
 from spectune.draft import CONTEXT_FULL, Draft, Refusal, RefusalKind
-from spectune.drafters.base import DraftRequest, OneRow, TargetFeatures
+from spectune.drafters.base import DraftRequest, OneRow
 from spectune.drafters.model import ModelDrafter
+from spectune.drafters.scripted import ScriptedSession
 from spectune.errors import DrafterError
 from spectune.models.llama import LlamaLM
 from spectune.sampling import SamplingParams
@@ -81,37 +81,17 @@ def test_each_refusal_kind_reads_as_its_fallback_reason() -> None:
     }
 
 
-def test_a_one_row_refusal_raises_its_detail(toy_draft: LlamaLM) -> None:
+def refuse(refusal: Refusal, request: DraftRequest) -> Refusal:
+    return refusal
+
+
+def test_a_one_row_refusal_raises_its_detail() -> None:
     """The single engine adds the ``drafter_error: `` kind itself: the exception carries
     the detail only (the kind's name where there is none)."""
-
-    class Refusing:
-        """A session that refuses every request with ``refusal``."""
-
-        name = "refusing"
-
-        def __init__(self, refusal: Refusal) -> None:
-            self.refusal = refusal
-
-        def add(self, row: int, prompt: Sequence[int], features: TargetFeatures | None) -> None:
-            pass
-
-        def move(self, src: int, dst: int) -> None:
-            pass
-
-        def free(self, row: int) -> None:
-            pass
-
-        def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
-            return [self.refusal for _ in requests]
-
-        def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
-            pass
-
     for refusal, message in (
         (Refusal.error("boom"), "^boom$"),
         (CONTEXT_FULL, "^draft_context_full$"),
     ):
-        row = OneRow(partial(Refusing, refusal))
+        row = OneRow(partial(ScriptedSession, partial(refuse, refusal)))
         with pytest.raises(DrafterError, match=message):
             row.propose([1, 2], 2, SamplingParams(), None)

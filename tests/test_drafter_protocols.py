@@ -10,7 +10,9 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from spectune.draft import Draft, Refusal
+from spectune.control.base import FixedK
+from spectune.decode.batch import BatchEngine
+from spectune.draft import Draft
 from spectune.drafters import (
     FeatureDrafter,
     HybridDrafter,
@@ -23,6 +25,7 @@ from spectune.drafters import (
 from spectune.drafters.base import DraftRequest, TargetFeatures
 from spectune.drafters.batched import PerRow, batch_source
 from spectune.drafters.pairing import drafter_summary, tree_drafter_for, with_history
+from spectune.drafters.scripted import ScriptedSession
 from spectune.drafters.suffix_index import HistoryStore
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
@@ -45,7 +48,6 @@ class Repeater:
         self.width = width
         self.name = f"repeater{width}"
         self.inner = ScriptedDrafter(sevens, vocab_size=VOCAB, name=self.name)
-        self.opened: list[int] = []
 
     def reset(self) -> None:
         self.inner.reset()
@@ -68,31 +70,12 @@ class Repeater:
     def describe(self) -> str:
         return f"{self.name} (repeats 7, width {self.width})"
 
-    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> RepeaterRows:
-        self.opened.append(rows)
-        return RepeaterRows(self.name)
+    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> ScriptedSession:
+        return ScriptedSession(sevens_draft, name=self.name)
 
 
-class RepeaterRows:
-    """The repeater's session: every row drafts 7s."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def add(self, row: int, prompt: Sequence[int], features: TargetFeatures | None) -> None:
-        pass
-
-    def move(self, src: int, dst: int) -> None:
-        pass
-
-    def free(self, row: int) -> None:
-        pass
-
-    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
-        return [Draft(torch.full((r.k,), 7, dtype=torch.long), None) for r in requests]
-
-    def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
-        pass
+def sevens_draft(request: DraftRequest) -> Draft:
+    return Draft(torch.full((request.k,), 7, dtype=torch.long), None)
 
 
 def test_a_new_drafter_needs_only_the_protocols(toy_target: LlamaLM) -> None:
@@ -104,6 +87,14 @@ def test_a_new_drafter_needs_only_the_protocols(toy_target: LlamaLM) -> None:
     assert batch_source(drafter) is drafter  # a source batches as itself
     served = DraftSource(drafter)
     assert served.for_batch() is drafter and served.name == "repeater1"
+    engine = BatchEngine(
+        toy_target, served.for_batch(), max_batch=2, policy_factory=lambda p: FixedK(3)
+    )
+    params = SamplingParams(max_tokens=4)
+    engine.add("a", [1, 5, 9], params)
+    engine.add("b", [1, 7], params)
+    steps = [update.record for update in engine.step()]
+    assert [s.positions for s in steps] == [3, 3] and all(s.fallback is None for s in steps)
 
 
 def test_a_drafter_without_the_faces_gets_the_defaults(toy_target: LlamaLM) -> None:

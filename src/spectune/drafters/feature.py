@@ -329,29 +329,27 @@ class FeatureSession:
         ]
 
 
-class FeatureTreeDrafter(TreeGrower):
+class FeatureTreeDrafter:
     """Drafts a token tree with a ``FeatureDrafter``'s head (the module docstring), the tree
     form of that drafter: its own one-row session, driven through the session's tree verbs
-    (``root``, ``draft_start``, ``forward_drafts``)."""
+    (``root``, ``draft_start``, ``forward_drafts``). It scores nodes (``NodeScorer``) for
+    a ``TreeGrower``, which grows the tree."""
 
     def __init__(
         self, drafter: FeatureDrafter, shape: TreeShape | None = None, *, name: str | None = None
     ) -> None:
         self.source = drafter
-        self.shape = shape or TreeShape()
-        self.vocab_size = drafter.vocab_size
+        self.grower = TreeGrower(shape or TreeShape(), drafter.vocab_size)
+        self.shape = self.grower.shape
         self.name = name or f"tree:{drafter.name}:w{self.shape.width}n{self.shape.nodes}"
         self.row: OneRow[FeatureSession] = OneRow(lambda: drafter.open(1))
-        self._last = None
+        self._last: GrowingTree | None = None  # the last tree grown
         self._root_features: Tensor | None = None  # [hidden]
         self._node_features: dict[int, Tensor] = {}  # node -> [hidden] head output
 
     def describe(self) -> str:
-        shape = self.shape
-        return (
-            f"{self.name} (feature-head token tree, width {shape.width}, {shape.nodes} nodes"
-            f"{vocab_coverage(self.source.vocab_subset)})"
-        )
+        coverage = vocab_coverage(self.source.vocab_subset)
+        return self.grower.describe(self.name, "feature-head", coverage)
 
     def reset(self) -> None:
         self.row.reset()
@@ -368,9 +366,11 @@ class FeatureTreeDrafter(TreeGrower):
         self._node_features = {}
         if len(context) < 2:  # position 0 has no head input: nothing to draft from yet
             num_tokens = 0
-        return super().propose(context, num_tokens, params, generator)
+        self._last = None
+        draft, self._last = self.grower.grow(self, context, num_tokens, params, generator)
+        return draft
 
-    def _root_logits(self, context: Sequence[int]) -> Tensor:
+    def root_logits(self, context: Sequence[int]) -> Tensor:
         self.row.join(context)
         self._root_features = self.row.session.root(0, context)
         return self.source.vocab_logits(self._root_features)
@@ -382,7 +382,7 @@ class FeatureTreeDrafter(TreeGrower):
             return self._root_features
         return self._node_features[parent]
 
-    def _score(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
+    def score_nodes(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
         session = self.row.session
         # The root sits at the last real-state slot (slot s holds position s + 1).
         chunk, positions, mask = chunk_layout(tree, nodes, session.draft_start(0) - 1)

@@ -41,7 +41,7 @@ from spectune.drafters.reduced import scatter_to_vocab, vocab_coverage
 from spectune.drafters.tree import GrowingTree, TreeGrower, chunk_layout
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel, takes_tree_masks
-from spectune.models.rows import RowsCache, forward_row, ragged_forward
+from spectune.models.rows import RowsCache, forward_row, ragged_forward, row_view
 from spectune.sampling import SamplingParams, process_logits, sample_from
 
 __all__ = ["ModelDrafter", "ModelSession", "TreeDrafter", "choose_token", "common_prefix"]
@@ -168,6 +168,37 @@ class ModelSession:
 
         return propose_ready(requests, refuse, lambda ready: self._draft(ready, num_rows))
 
+    def forward_drafts(
+        self,
+        row: int,
+        tokens: Tensor,  # [1, m] draft nodes
+        start: int,  # the slot of tokens[0, 0]: the row is rolled back to it first
+        positions: Tensor,  # [1, m]
+        chunk_mask: Tensor,  # [1, m, m]
+    ) -> Tensor:
+        """The draft model over draft nodes written from slot ``start`` of ``row`` (what was
+        drafted there before is dropped) -> logits [1, m, vocab]."""
+        self.cache.truncate(start, row)
+        with row_view(self.cache, row, row + 1) as view:
+            return self.model.forward(
+                tokens, view, positions=positions, chunk_mask=chunk_mask
+            ).logits
+
+    def keep_drafted(self, row: int, context: Sequence[int], start: int, slots: list[int]) -> None:
+        """``row`` keeps the draft entries at ``slots`` (their tokens: ``context[start:]``'s
+        first ``len(slots)``) compacted to ``start`` onward, and drops everything after."""
+        cache = self.cache
+        if not slots:
+            cache.truncate(min(cache.length(row), start), row)
+            return
+        cache.move_slots(row, torch.tensor(slots, dtype=torch.long), start)
+        cache.truncate(start + len(slots), row)
+        self.ingested[row] = list(context[: start + len(slots)])
+
+    def holds(self, row: int, tokens: Sequence[int]) -> bool:
+        """Whether ``row``'s cache begins with ``tokens``."""
+        return self.ingested[row][: len(tokens)] == list(tokens)
+
     def sync(self, contexts: dict[int, Sequence[int]], num_rows: int) -> dict[int, Tensor]:
         """Bring each row to its context; returns row -> next-token logits [vocab].
 
@@ -230,49 +261,51 @@ class ModelSession:
         return [Draft(torch.stack(tokens[r.row]), torch.stack(probs[r.row])) for r in requests]
 
 
-class TreeDrafter(TreeGrower):
+class TreeDrafter:
     """Drafts a token tree with a draft model (``spectune.drafters.tree``), the tree form of
     ``ModelDrafter``; its cache is kept in step with the context by a one-row
-    ``ModelSession``, as the chain drafter's is."""
+    ``ModelSession``, as the chain drafter's is. It scores nodes (``NodeScorer``) for a
+    ``TreeGrower``, which grows the tree."""
 
     def __init__(
         self, model: LanguageModel, shape: TreeShape | None = None, *, name: str | None = None
     ) -> None:
         self.model = model
-        self.shape = shape or TreeShape()
-        self.vocab_size = model.info.vocab_size
+        self.grower = TreeGrower(shape or TreeShape(), model.info.vocab_size)
+        self.shape = self.grower.shape
         self.name = name or f"tree:{model.info.name}:w{self.shape.width}n{self.shape.nodes}"
         self.row: OneRow[ModelSession] = OneRow(lambda: ModelDrafter(model).open(1))
-        self._last = None
+        self._last: GrowingTree | None = None  # the last tree grown, for compaction
 
     def describe(self) -> str:
-        shape = self.shape
-        return (
-            f"{self.name} (draft-model token tree, width {shape.width}, {shape.nodes} nodes"
-            f"{vocab_coverage(None, self.model)})"
-        )
+        return self.grower.describe(self.name, "draft-model", vocab_coverage(None, self.model))
 
     def reset(self) -> None:
         self.row.reset()
         self._last = None
 
-    def _root_logits(self, context: Sequence[int]) -> Tensor:
+    def propose(
+        self,
+        context: Sequence[int],
+        num_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        self._last = None
+        draft, self._last = self.grower.grow(self, context, num_tokens, params, generator)
+        return draft
+
+    def root_logits(self, context: Sequence[int]) -> Tensor:
         self.row.join(context)
         return self.row.session.sync({0: context}, 1)[0]
 
-    def _score(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
+    def score_nodes(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
         """One forward over ``nodes`` and their ancestors under the tree mask."""
         chunk, positions, mask = chunk_layout(tree, nodes, tree.prefix - 1)
-        cache = self.row.session.cache
-        cache.truncate(tree.prefix)
-        out = self.model.forward(
-            torch.tensor([[tree.tokens[n] for n in chunk]]),
-            cache,
-            positions=positions,
-            chunk_mask=mask,
-        )
+        tokens = torch.tensor([[tree.tokens[n] for n in chunk]])  # [1, m]
+        logits = self.row.session.forward_drafts(0, tokens, tree.prefix, positions, mask)
         tree.chunk = chunk
-        return out.logits[0, [chunk.index(n) for n in nodes]]
+        return logits[0, [chunk.index(n) for n in nodes]]
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         """Compact the accepted path's draft entries from the last forward into place."""
@@ -280,7 +313,7 @@ class TreeDrafter(TreeGrower):
         if not self.row.joined:
             self.row.join(context, features)
         session = self.row.session
-        if last is None or session.ingested[0][: last.prefix] != list(context[: last.prefix]):
+        if last is None or not session.holds(0, context[: last.prefix]):
             return
         slot_of = {node: last.prefix + i for i, node in enumerate(last.chunk)}
         current, slots = -1, []
@@ -297,10 +330,4 @@ class TreeDrafter(TreeGrower):
                 break
             slots.append(slot_of[child])
             current = child
-        cache = session.cache
-        if not slots:
-            cache.truncate(min(cache.length(), last.prefix))
-            return
-        cache.move_slots(0, torch.tensor(slots, dtype=torch.long), last.prefix)
-        cache.truncate(last.prefix + len(slots))
-        session.ingested[0] = list(context[: last.prefix + len(slots)])
+        session.keep_drafted(0, context, last.prefix, slots)
