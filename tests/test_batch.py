@@ -305,7 +305,7 @@ def test_tree_drafts_in_a_batch_equal_alone(
     endless: LlamaLM, endless_draft: LlamaLM, temperature: float
 ) -> None:
     """Rows with trees (per-row positions and masks) next to padding, compacted per row."""
-    from spectune.drafters.tree import TreeDrafter, TreeShape
+    from spectune.drafters import TreeDrafter, TreeShape
 
     shape = TreeShape(width=2, nodes=10)
     params = SamplingParams(temperature=temperature, max_tokens=20)

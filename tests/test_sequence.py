@@ -147,7 +147,7 @@ def test_accept_turns_refusals_and_bad_drafts_into_fallbacks() -> None:
 
     seq = sequence()
     step = seq.plan(drafting=True, start=0.0)
-    seq.accept(step, Refusal("drafter_error: boom"))  # permanent
+    seq.accept(step, Refusal.error("boom"))  # permanent
     assert seq.drafter_failure == "drafter_error: boom"
 
 
@@ -211,6 +211,6 @@ def test_settle_stops_and_then_tells_the_drafter_nothing() -> None:
 def test_a_failed_drafter_hears_no_more_commits() -> None:
     seq = sequence()
     step = seq.plan(drafting=True, start=0.0)
-    seq.accept(step, Refusal("drafter_error: boom"))
+    seq.accept(step, Refusal.error("boom"))
     _, commits = settle(seq, step, chain_result(0, (5,), True), Cache(), 2)
     assert commits == []

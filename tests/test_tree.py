@@ -11,8 +11,7 @@ from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
 from spectune.decode.step import check_draft, keep_path
 from spectune.draft import Draft, chain_parents, tree_layout, trim_tree
-from spectune.drafters import ModelDrafter
-from spectune.drafters.tree import TreeDrafter, TreeShape
+from spectune.drafters import ModelDrafter, TreeDrafter, TreeShape
 from spectune.errors import DrafterError, InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import perturbed, toy_config, toy_model

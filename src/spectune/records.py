@@ -21,7 +21,6 @@ __all__ = [
     "SpecCounts",
     "StepRecord",
     "StopCondition",
-    "drafter_error",
     "ratio",
     "validate_k",
 ]
@@ -71,12 +70,6 @@ class StepRecord:
         denominator of acceptance: a tree of 8 nodes and depth 2 can keep 2 tokens at
         most, so accepted / num_draft_tokens would understate how well it did."""
         return self.num_draft_tokens if self.tree_depth is None else self.tree_depth
-
-
-def drafter_error(exc: BaseException) -> str:
-    """The fallback reason a drafter's exception becomes: ``drafter_error: <message>``,
-    its first line only, at most 200 characters (it goes into every later record)."""
-    return f"drafter_error: {exc}".splitlines()[0][:200]
 
 
 def ratio(part: float, whole: float) -> float | None:

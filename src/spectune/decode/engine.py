@@ -37,7 +37,6 @@ from spectune.records import (
     SpecCounts,
     StepRecord,
     StopCondition,
-    drafter_error,
 )
 from spectune.sampling import SamplingParams
 from spectune.verify.draft import Score, verify_draft
@@ -156,7 +155,7 @@ class SpeculativeEngine:
                         seq.context, step.k, params, generator
                     )
                 except Exception as exc:  # any drafter failure falls back to plain decoding
-                    proposal = Refusal(drafter_error(exc))
+                    proposal = Refusal.error(exc)
                 seq.accept(step, proposal)
                 step.draft_time = time.perf_counter() - draft_start
 

@@ -38,7 +38,7 @@ from spectune.decode.step import (
 )
 from spectune.draft import Draft, Refusal, empty_draft
 from spectune.models.base import KVCache, ModelInfo
-from spectune.records import StepRecord, StopCondition, drafter_error
+from spectune.records import StepRecord, StopCondition
 from spectune.sampling import SamplingParams
 from spectune.verify.chain import VerifyResult
 
@@ -136,7 +136,7 @@ class SequenceState:
         try:
             step.draft = fit_to_room(check_draft(proposal, step.k, self.vocab_size), room - 1)
         except Exception as exc:  # any unusable draft falls back to plain decoding
-            self.drafter_failure = step.fallback = drafter_error(exc)
+            self.drafter_failure = step.fallback = Refusal.error(exc).reason
             return
         step.verify_groups = self._groups(step.plan, step.draft)
 
