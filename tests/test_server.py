@@ -274,7 +274,7 @@ def test_disconnect_mid_stream_frees_the_row(toy_target: LlamaLM, tokenizer: Tok
     service = toy_service(
         toy_target, tokenizer, draft=slow_drafter(64), engine=engine(), limits=LIMITS
     )
-    body = {"model": "toy", "prompt": "w1 w2", "max_tokens": 300, "temperature": 0, "stream": True}
+    body = {"model": "toy", "prompt": "w8", "max_tokens": 300, "temperature": 0, "stream": True}
     with running_server(create_app(service)) as url:
         bystander: dict[str, str] = {}
 
@@ -304,7 +304,10 @@ def test_too_many_requests_is_429(toy_target: LlamaLM, tokenizer: Tokenizer) -> 
     service = toy_service(
         toy_target, tokenizer, draft=slow_drafter(64), engine=engine(), limits=limits
     )
-    body = {"model": "toy", "prompt": "w1", "max_tokens": 300, "stream": True}
+    # Greedy, so the first request's length does not depend on a random draw: sampled, it
+    # could end at an early EOS before the second request arrives (seen once in the suite);
+    # greedy, "w8" runs 109 tokens on the toy target, ~2 s with the slow drafter.
+    body = {"model": "toy", "prompt": "w8", "max_tokens": 300, "temperature": 0, "stream": True}
     with running_server(create_app(service)) as url:
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as first:
             assert first.status_code == 200
