@@ -24,6 +24,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from spectune.cli import main
+from spectune.drafters import NgramDrafter
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import save_native
 from spectune.models.toy import toy_model
@@ -532,7 +533,7 @@ def _client(target: LlamaLM, folder: Path, api_key: str | None = None) -> TestCl
     service = toy_service(
         target,
         toy_tokenizer(folder),
-        draft=DraftSource(ngram=True),
+        draft=DraftSource(NgramDrafter()),
         engine=EngineSettings(max_batch=2, capacity=64),
         limits=LIMITS,
         api_key=api_key,

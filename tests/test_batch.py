@@ -115,7 +115,7 @@ def test_greedy_batch_equals_alone_with_draft_model(
         assert all(r.k <= k for r in got[rid])
     steps = [r for records in got.values() for r in records]
     if k:  # the draft is right sometimes and wrong sometimes: both paths ran
-        assert 0 < sum(r.accepted for r in steps) < sum(r.drafted for r in steps)
+        assert 0 < sum(r.accepted for r in steps) < sum(r.num_draft_tokens for r in steps)
     assert engine.active == 0
 
 
@@ -204,7 +204,7 @@ def test_speculation_turns_off_above_the_crossover(toy_target: LlamaLM, toy_draf
     for rid in ("a", "b", "c"):
         engine.add(rid, PROMPTS[rid], params)
     updates = engine.step()
-    assert all(u.record.k == 0 and u.record.drafted == 0 for u in updates)
+    assert all(u.record.k == 0 and u.record.num_draft_tokens == 0 for u in updates)
     assert all((u.record.fallback or "").startswith("batch_too_large") for u in updates)
     engine.cancel("c")
     assert all(u.record.k == 3 for u in engine.step())
@@ -305,7 +305,7 @@ def test_tree_drafts_in_a_batch_equal_alone(
     endless: LlamaLM, endless_draft: LlamaLM, temperature: float
 ) -> None:
     """Rows with trees (per-row positions and masks) next to padding, compacted per row."""
-    from spectune.drafters.tree import TreeDrafter, TreeShape
+    from spectune.drafters import TreeDrafter, TreeShape
 
     shape = TreeShape(width=2, nodes=10)
     params = SamplingParams(temperature=temperature, max_tokens=20)
@@ -326,7 +326,7 @@ def test_tree_drafts_in_a_batch_equal_alone(
         # Every count of every step as alone: a tree step records its depth, so its
         # positions (the acceptance denominator) are the depth, not the node count.
         assert [counts(r) for r in got[rid]] == [counts(r) for r in expected], rid
-        assert any(r.tree_depth is not None and r.tree_depth < r.drafted for r in got[rid])
+        assert any(r.tree_depth is not None and r.tree_depth < r.num_draft_tokens for r in got[rid])
 
 
 @pytest.mark.slow
@@ -371,11 +371,11 @@ def test_feature_head_batch_equals_alone(
         alone_steps = SpeculativeEngine(endless, fresh_feature(toy_feature_drafter)).run(
             prompt, params, policy=FixedK(k), generator=torch.Generator().manual_seed(seeds[rid])
         )
-        assert [(r.drafted, r.accepted) for r in got[rid]] == [
-            (s.drafted, s.accepted) for s in alone_steps.steps
+        assert [(r.num_draft_tokens, r.accepted) for r in got[rid]] == [
+            (s.num_draft_tokens, s.accepted) for s in alone_steps.steps
         ], rid  # the same drafts were proposed, not only the same output
         accepted += sum(r.accepted for r in got[rid])
-        drafted += sum(r.drafted for r in got[rid])
+        drafted += sum(r.num_draft_tokens for r in got[rid])
     assert 0 < accepted < drafted
     assert engine.active == 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectune.control.base import FixedK, GroupedVerification
+from spectune.control.base import FixedK, StepPlan
 from spectune.control.chunking import best_groups, chunked_pays, expected_chunked_cost, group_bounds
 from spectune.control.costs import CostCurve
 from spectune.control.registry import make_policy
@@ -97,8 +97,8 @@ class GroupedK(FixedK):
         super().__init__(k)
         self.groups = groups
 
-    def verify_groups(self, k: int) -> int:
-        return self.groups
+    def plan(self) -> StepPlan:
+        return StepPlan(self.k, (self.groups,) * (self.k + 1))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -117,10 +117,10 @@ def test_engine_with_chunked_verification_matches_one_pass(
     assert chunked.tokens == one_pass.tokens
 
     def shape(steps: list[StepRecord]) -> list[tuple[int, int]]:
-        return [(s.drafted, s.accepted) for s in steps]
+        return [(s.num_draft_tokens, s.accepted) for s in steps]
 
     assert shape(chunked.steps) == shape(one_pass.steps)
-    full_cost = len(prompt) - 1 + sum(s.drafted + 1 for s in one_pass.steps)
+    full_cost = len(prompt) - 1 + sum(s.num_draft_tokens + 1 for s in one_pass.steps)
     assert counting.tokens_forwarded < full_cost  # early rejections skipped later groups
 
 
@@ -156,7 +156,7 @@ def record(k: int, accepted: int, *, groups: int = 1) -> StepRecord:
     return StepRecord(
         index=0,
         k=k,
-        drafted=k,
+        num_draft_tokens=k,
         accepted=accepted,
         emitted=(1,) * (accepted + 1),
         draft_time=0.001 * k,
@@ -171,22 +171,21 @@ def test_cost_policy_chooses_chunked_verification_where_it_pays(
     curve: CostCurve, chunks: bool
 ) -> None:
     """A weak draft (1 of 4 accepted) on a compute-bound curve: groups; on a flat one: never.
-    Through ``make_policy``, so the fallback wrapper forwards the choice to the engine."""
+    Through ``make_policy``, so the plan comes through the fallback wrapper."""
     policy = make_policy("cost", {"initial_k": 4}, cost_curve=curve)
-    assert isinstance(policy, GroupedVerification)
-    assert policy.verify_groups(4) is None  # no opinion before the warm-up
+    assert policy.plan().verify_groups is None  # no opinion before the warm-up
     for _ in range(6):
         policy.observe(record(4, 1))
-    k = policy.next_k()
-    groups = policy.verify_groups(max(k, 2))
-    assert groups is not None
-    if chunks:
-        assert groups > 1
-        inner = policy.inner  # type: ignore[attr-defined]
-        alpha = inner.alpha
-        assert expected_chunked_cost(curve, alpha, max(k, 2), groups) < curve.relative(max(k, 2))
-    else:
-        assert groups == 1
+    inner = policy.inner  # type: ignore[attr-defined]
+    # On the linear curve no K beats plain decoding at this acceptance, so hold K at 4 by
+    # hand to read the groups the policy would verify each draft length in.
+    inner.k = 4
+    plan = policy.plan()
+    assert plan.k == 4 and plan.verify_groups is not None
+    assert plan.verify_groups[:2] == (1, 1)  # 0 or 1 draft tokens: one pass
+    for n, groups in enumerate(plan.verify_groups[2:], start=2):
+        cheaper = expected_chunked_cost(curve, inner.alpha, n, groups) < curve.relative(n)
+        assert (groups > 1) == cheaper == chunks
 
 
 def test_engine_takes_the_groups_through_the_fallback_wrapper(
@@ -201,21 +200,24 @@ def test_engine_takes_the_groups_through_the_fallback_wrapper(
     policy = Guarded(GroupedK(6, 3), [LocalFallback()], name="grouped")
     gen = SpeculativeEngine(toy_target, ModelDrafter(toy_draft)).run(prompt, params, policy=policy)
     assert gen.tokens == plain
-    assert {s.verify_groups for s in gen.steps if s.drafted > 1} == {3}
-    assert all(s.verify_groups == 1 for s in gen.steps if s.drafted <= 1)
+    assert {s.verify_groups for s in gen.steps if s.num_draft_tokens > 1} == {3}
+    assert all(s.verify_groups == 1 for s in gen.steps if s.num_draft_tokens <= 1)
     unwrapped = Guarded(FixedK(6), [], name="fixed")
-    assert unwrapped.verify_groups(6) is None  # no opinion: the engine's setting applies
+    assert unwrapped.plan().verify_groups is None  # no opinion: the engine's setting applies
 
 
+@pytest.mark.parametrize("limit", [None, 4])
 def test_sequential_server_engine_keeps_the_policys_chunked_choice(
-    toy_target: LlamaLM, toy_draft: LlamaLM
+    toy_target: LlamaLM, toy_draft: LlamaLM, limit: int | None
 ) -> None:
-    """The batch-size gate of the sequential engine passes the policy's verify_groups on
-    (it used to drop it, so the server verified in one pass whatever the policy chose)."""
+    """The batch-size gate of the sequential engine (present with a limit) passes the
+    policy's verify_groups on (it used to drop it, so the server verified in one pass
+    whatever the policy chose)."""
     params = SamplingParams(max_tokens=30)
     engine = SequentialBatchEngine(
         toy_target,
         lambda: ModelDrafter(toy_draft),
+        speculate_max_batch=limit,
         policy_factory=lambda p: GroupedK(6, 3),
     )
     engine.add("a", [1, 5, 9, 13, 7], params, generator=torch.Generator().manual_seed(4))

@@ -32,9 +32,9 @@ def test_every_policy_builds_by_name_and_follows_the_protocol() -> None:
     for name in POLICIES:
         policy = make_policy(name)
         assert isinstance(policy, KPolicy)
-        assert policy.next_k() == 4
+        assert policy.plan().k == 4
     assert isinstance(make_policy("fixed"), FixedK)
-    assert make_policy("fixed", {"k": 0}).next_k() == 0  # plain decoding, the baseline
+    assert make_policy("fixed", {"k": 0}).plan().k == 0  # plain decoding, the baseline
     threshold = make_policy("threshold")
     assert isinstance(threshold, Guarded) and isinstance(threshold.inner, ThresholdK)
     assert [c.kind for c in threshold.checks] == ["global", "local"]
@@ -84,7 +84,7 @@ def test_policy_file_and_overrides(tmp_path: Path) -> None:
     }
     policy = build_policy(spec, params=SamplingParams())
     assert isinstance(policy, Guarded) and isinstance(policy.inner, ThresholdK)
-    assert policy.inner.config.max_k == 6 and policy.next_k() == 3
+    assert policy.inner.config.max_k == 6 and policy.plan().k == 3
     local = policy.checks[1]
     assert isinstance(local, LocalFallback) and local.config.bad_steps == 6
     assert policy_spec("cost", path).name == "cost"  # --policy beats the file's name

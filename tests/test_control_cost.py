@@ -43,7 +43,7 @@ def test_decision_matches_the_speedup_model() -> None:
     drive(policy, [ScriptedStep(0.5, draft_time_per_token=0.002, target_time=0.0103)] * 10)
     assert policy.alpha is not None and policy.draft_cost is not None
     best_k, best = optimal_k(policy.alpha, policy.draft_cost, FLAT, max_k=8)
-    assert policy.next_k() == best_k
+    assert policy.plan().k == best_k
     assert policy.predicted == pytest.approx(best)
     # 2 ms per token over ~10 ms (the scripted target time is not exactly on the curve)
     assert policy.draft_cost == pytest.approx(0.2, rel=0.02)
@@ -54,7 +54,7 @@ def test_a_useless_draft_turns_speculation_off_with_a_reason() -> None:
     trajectory = drive(policy, [0.0] * 10)
     assert trajectory[:3] == [4, 4, 4]
     assert trajectory[3:] == [0] * 7
-    assert policy.reason is not None and policy.reason.startswith("cost: no K beats plain")
+    assert (policy.plan().reason or "").startswith("cost: no K beats plain")
 
 
 def test_the_prior_decays_and_a_useless_draft_still_turns_off() -> None:
@@ -84,7 +84,7 @@ def test_three_unlucky_first_steps_do_not_stop_a_draft_that_pays() -> None:
 def test_off_probes_with_k1_and_comes_back_when_the_draft_pays() -> None:
     policy = cost(FLAT, probe_every=8, prior_tokens=0.0)
     drive(policy, [0.0] * 3)
-    assert policy.next_k() == 0
+    assert policy.plan().k == 0
     # Plain steps emit one token each: a probe every 8 plain steps.
     trajectory = drive(policy, [0.0] * 30)
     probes = [i for i, k in enumerate(trajectory) if k == 1]
@@ -119,7 +119,7 @@ def test_learns_target_cost_from_records() -> None:
     assert policy.learned.time(5) == pytest.approx(0.012)
     assert policy.target_one == pytest.approx(0.010)
     assert policy.draft_cost == pytest.approx(0.1)
-    assert 1 <= policy.next_k() <= 8
+    assert 1 <= policy.plan().k <= 8
 
 
 def test_state_is_reported() -> None:

@@ -9,15 +9,18 @@ from typing import Any
 import pytest
 
 from spectune.control import (
+    CostK,
     GlobalFallback,
     GlobalFallbackConfig,
     Guarded,
     LocalFallback,
     LocalFallbackConfig,
+    StepPlan,
     ThresholdK,
     make_policy,
 )
 from spectune.control.costs import CostCurve
+from spectune.control.fallback import batch_limited
 from spectune.control.replay import ScriptedStep, drive, fake_record
 from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import FailingDrafter, ScriptedDrafter
@@ -44,18 +47,18 @@ def test_local_triggers_after_exactly_n_bad_steps(bad_steps: int) -> None:
     policy = local_only(bad_steps=bad_steps)
     trajectory = drive(policy, [0.25] * (bad_steps - 1))
     assert trajectory == [4] * (bad_steps - 1)
-    assert policy.next_k() == 4 and policy.reason is None
+    assert policy.plan() == StepPlan(4)
     drive(policy, [0.25])
-    assert policy.next_k() == 0
-    assert policy.reason is not None and policy.reason.startswith("local: acceptance below 50%")
+    plan = policy.plan()
+    assert plan.k == 0 and (plan.reason or "").startswith("local: acceptance below 50%")
 
 
 def test_a_good_step_restarts_the_count() -> None:
     policy = local_only()
     assert drive(policy, [0.0] * 4 + [0.5] + [0.0] * 4) == [4] * 9
-    assert policy.next_k() == 4
+    assert policy.plan().k == 4
     drive(policy, [0.0])
-    assert policy.next_k() == 0
+    assert policy.plan().k == 0
 
 
 def test_plain_steps_neither_count_nor_break_the_run() -> None:
@@ -63,7 +66,7 @@ def test_plain_steps_neither_count_nor_break_the_run() -> None:
     for _ in range(3):
         check.observe(fake_record(4, 0))
     check.observe(fake_record(0, 0))
-    check.observe(fake_record(4, 0, drafted=0))  # the drafter had nothing to propose
+    check.observe(fake_record(4, 0, num_draft_tokens=0))  # the drafter had nothing to propose
     assert check.bad_run == 3
     check.observe(fake_record(4, 1))
     check.observe(fake_record(4, 0))
@@ -82,7 +85,7 @@ def test_a_failed_probe_backs_off_longer_each_time() -> None:
     policy = local_only(backoff_tokens=16, backoff_growth=2.0, probe_steps=1)
     trajectory = drive(policy, [0.0] * (5 + 16 + 1 + 32 + 1 + 64 + 1))
     assert trajectory == [4] * 5 + [0] * 16 + [1] + [0] * 32 + [1] + [0] * 64 + [1]
-    assert "probe acceptance 0% below 50%" in (policy.reason or "")
+    assert "probe acceptance 0% below 50%" in (policy.plan().reason or "")
 
 
 def test_back_off_counts_emitted_tokens_not_steps() -> None:
@@ -119,7 +122,7 @@ def test_global_triggers_when_a_draft_step_costs_over_half_a_target_step() -> No
     trajectory = drive(policy, [slow] * 8)
     # The first step is not measured and four more make the warm-up: off from step 6.
     assert trajectory == [4] * 5 + [0] * 3
-    assert policy.reason is not None and policy.reason.startswith(
+    assert (policy.plan().reason or "").startswith(
         "global: a draft step takes 60% of a target step (limit 50%)"
     )
     # For the rest of the request, even when drafting becomes cheap.
@@ -275,7 +278,37 @@ def test_guarded_reports_the_holding_reason_and_everyones_state() -> None:
     drive(policy, [0.0] * 5)
     state = policy.state()
     assert state["next_k"] == 0 and state["local.phase"] == "backoff"
-    assert state["hold"] == policy.reason
+    assert state["hold"] == policy.plan().reason
+
+
+def test_wrappers_forward_the_whole_plan_groups_included() -> None:
+    """``Guarded`` and the batch-size gate hand on the inner policy's ``StepPlan`` whole: K,
+    the cost policy's verification groups and its reason. An objection caps K, cuts the
+    group table to the new K and, when it holds K at 0, gives its own reason."""
+    linear = CostCurve((1, 2, 4, 8, 16), (1.0, 2.0, 4.0, 8.0, 16.0))  # compute bound
+    cost = CostK(cost_curve=linear)
+    drive(cost, [0.25] * 6)  # a weak draft: alpha 0.5
+    off = cost.plan()  # no K beats plain decoding on this curve: K 0, with the reason
+    assert off.k == 0 and (off.reason or "").startswith("cost: no K beats plain")
+    assert Guarded(cost, [LocalFallback()], name="cost").plan() == off
+    cost.k = 4  # held at 4 by hand: the groups it would verify drafts of 0-4 tokens in
+    plan = cost.plan()
+    assert plan.verify_groups is not None and max(plan.verify_groups) > 1
+    wrapped = [
+        Guarded(cost, [LocalFallback(), GlobalFallback()], name="cost"),
+        batch_limited(cost, lambda: 2, 4),
+        batch_limited(Guarded(cost, [GlobalFallback()], name="cost"), lambda: 1, 1),
+    ]
+    assert [policy.plan() for policy in wrapped] == [plan] * 3
+    # Over the batch limit: K 0 and the gate's reason; the group table cut to match.
+    assert batch_limited(cost, lambda: 5, 4).plan() == StepPlan(0, (1,), "batch_too_large: 5 > 4")
+    # A probe caps K at 1 without a reason of its own: the inner policy's stands.
+    local = LocalFallback(LocalFallbackConfig(bad_steps=1, backoff_tokens=1))
+    probing = Guarded(cost, [local], name="cost")
+    drive(probing, [0.0, 0.0])  # one bad step, then a one-token back-off
+    cost.k = 4  # the cost model, observing too, dropped K to 0 again
+    assert local.phase == "probe" and cost.plan().reason is None
+    assert probing.plan() == StepPlan(1, (1, 1), None)
 
 
 def test_fixed_has_no_checks_unless_asked() -> None:
@@ -289,4 +322,4 @@ def test_when_both_checks_hold_the_permanent_reason_is_recorded() -> None:
     useless = ScriptedStep(0.0, draft_time_per_token=0.01, target_time=0.01)
     trajectory = drive(policy, [useless] * 10)
     assert trajectory == [4] * 5 + [0] * 5
-    assert (policy.reason or "").startswith("global:")
+    assert (policy.plan().reason or "").startswith("global:")

@@ -44,11 +44,11 @@ def test_band_edges_are_strict() -> None:
 
 def test_temperature_above_0_7_is_one_step_more_conservative() -> None:
     hot = make_policy("threshold", {"checks": []}, params=SamplingParams(temperature=0.8))
-    assert hot.next_k() == 3
+    assert hot.plan().k == 3
     trajectory = drive(hot, [1.0] * 40)
     assert max(trajectory) == 7 and trajectory[-1] == 7
     cold = make_policy("threshold", {"checks": []}, params=SamplingParams(temperature=0.7))
-    assert cold.next_k() == 4  # 0.7 itself is not above 0.7
+    assert cold.plan().k == 4  # 0.7 itself is not above 0.7
     # At the bottom the rule cannot go below min_k.
     hot_low = make_policy(
         "threshold", {"checks": [], "initial_k": 1}, params=SamplingParams(temperature=1.0)
@@ -82,7 +82,7 @@ def test_steps_without_draft_tokens_are_ignored() -> None:
     policy = threshold()
     for _ in range(20):
         policy.observe(fake_record(0, 0))
-    assert policy.next_k() == 4 and len(policy.window) == 0
+    assert policy.plan().k == 4 and len(policy.window) == 0
 
 
 @pytest.mark.parametrize(

@@ -23,10 +23,10 @@ def test_counts_add_up_records_and_derive_rates() -> None:
     records = [
         fake_record(4, 4, draft_time=0.1, target_time=0.3),  # 4 of 4, emits 5
         fake_record(4, 1, draft_time=0.1, target_time=0.3, fallback="local: low"),  # 1 of 4
-        fake_record(2, 0, drafted=0, target_time=0.1, emitted=1),  # nothing drafted
+        fake_record(2, 0, num_draft_tokens=0, target_time=0.1, emitted=1),  # nothing drafted
     ]
     counts = SpecCounts.of(records)
-    assert (counts.steps, counts.draft_tokens, counts.positions) == (3, 8, 8)
+    assert (counts.steps, counts.num_draft_tokens, counts.positions) == (3, 8, 8)
     assert (counts.accepted, counts.emitted, counts.rejections) == (5, 8, 1)
     assert counts.fallback_steps == 1
     assert counts.acceptance_rate == pytest.approx(5 / 8)
@@ -41,9 +41,9 @@ def test_counts_add_up_records_and_derive_rates() -> None:
 
 
 def test_a_tree_step_counts_nodes_and_positions_apart() -> None:
-    tree = dataclasses.replace(fake_record(3, 2, drafted=8), tree_depth=3)
+    tree = dataclasses.replace(fake_record(3, 2, num_draft_tokens=8), tree_depth=3)
     counts = SpecCounts.of([tree])
-    assert (counts.draft_tokens, counts.positions, counts.accepted) == (8, 3, 2)
+    assert (counts.num_draft_tokens, counts.positions, counts.accepted) == (8, 3, 2)
     assert counts.acceptance_rate == pytest.approx(2 / 3)  # not 2 / 8: at most 3 can be kept
     assert counts.rejections == 1 and counts.tested_at == [1, 1, 1]
 
@@ -84,7 +84,7 @@ def test_drop_emitted_takes_back_cut_tokens() -> None:
 
 
 def test_generation_reports_its_counts() -> None:
-    tree = dataclasses.replace(fake_record(3, 2, drafted=8, draft_time=0.5), tree_depth=3)
+    tree = dataclasses.replace(fake_record(3, 2, num_draft_tokens=8, draft_time=0.5), tree_depth=3)
     gen = Generation(prompt_tokens=[1])
     for record in (tree, fake_record(4, 1, target_time=0.5), fake_record(2, 2, emitted=1)):
         gen.add(record)
@@ -103,7 +103,7 @@ def test_every_report_publishes_the_same_figures() -> None:
     counts and rates under their published names, so none can drift from the others."""
     records = [
         fake_record(4, 2, draft_time=0.02, target_time=0.05, index=0),
-        dataclasses.replace(fake_record(3, 3, drafted=7, index=1), tree_depth=3),
+        dataclasses.replace(fake_record(3, 3, num_draft_tokens=7, index=1), tree_depth=3),
         fake_record(0, 0, fallback="local: low acceptance", index=2),
         dataclasses.replace(fake_record(4, 4, emitted=2, index=3), finish_reason="length"),
     ]
@@ -120,7 +120,7 @@ def test_every_report_publishes_the_same_figures() -> None:
     usage = usage_of(Prepared((1, 2), SamplingParams(), None, False, False), assembler)
     snap = watch.snapshot()
     # Positions: 4 + 3 (the tree's depth) + 0 + 4; draft tokens: 4 + 7 nodes + 0 + 4.
-    assert (counts.positions, counts.draft_tokens, counts.accepted) == (11, 15, 9)
+    assert (counts.positions, counts.num_draft_tokens, counts.accepted) == (11, 15, 9)
     assert (cli["steps"], cli["drafted"], cli["positions"]) == (4, 15, 11)
     assert cli["accepted"] == usage["accepted"] == snap.accepted == 9
     assert usage["drafted"] == snap.drafted == 11  # positions, under the name "drafted"

@@ -104,4 +104,4 @@ def test_hung_drafter_falls_back_without_stalling(toy_target: LlamaLM) -> None:
         time.sleep(0.01)
     engine.add("d", [4, 4, 8], params)
     records = [u.record for u in engine.step()]
-    assert records[0].drafted > 0 and records[0].fallback is None
+    assert records[0].num_draft_tokens > 0 and records[0].fallback is None

@@ -4,13 +4,16 @@ drafter drafts alone."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
 from spectune.decode.step import CHUNK_SLACK
-from spectune.draft import Draft
+from spectune.draft import CONTEXT_FULL, Draft, Refusal, RefusalKind
 from spectune.drafters.base import DraftRequest, OneRow
 from spectune.drafters.model import ModelDrafter
+from spectune.drafters.scripted import ScriptedSession
 from spectune.errors import DrafterError
 from spectune.models.llama import LlamaLM
 from spectune.sampling import SamplingParams
@@ -58,3 +61,37 @@ def test_one_row_refusals_are_drafter_errors_and_k_zero_is_empty(toy_draft: Llam
     assert len(draft) == 2 and fresh.row.joined
     fresh.reset()
     assert not fresh.row.joined and fresh.row.session.cache.length() == 0
+
+
+def test_each_refusal_kind_reads_as_its_fallback_reason() -> None:
+    """The reason text records, traces and the monitor read is derived from the typed
+    refusal in one place: ``<kind>`` or ``<kind>: <detail>``, first line, 200 characters."""
+    assert CONTEXT_FULL.reason == "draft_context_full" and not CONTEXT_FULL.permanent
+    failed = Refusal.error(ValueError("probabilities hold NaN\nsecond line"))
+    assert failed.kind is RefusalKind.DRAFTER_ERROR and failed.permanent
+    assert failed.reason == "drafter_error: probabilities hold NaN"
+    assert Refusal.error("x" * 300).reason == "drafter_error: " + "x" * 185
+    assert Refusal.error(RuntimeError()).reason == "drafter_error: "  # an empty message
+    late = Refusal(RefusalKind.DRAFT_DEADLINE, "the drafter is still in a late pass")
+    assert late.reason == "draft_deadline: the drafter is still in a late pass"
+    assert {kind.value for kind in RefusalKind} == {
+        "draft_context_full",
+        "drafter_error",
+        "draft_deadline",
+    }
+
+
+def refuse(refusal: Refusal, request: DraftRequest) -> Refusal:
+    return refusal
+
+
+def test_a_one_row_refusal_raises_its_detail() -> None:
+    """The single engine adds the ``drafter_error: `` kind itself: the exception carries
+    the detail only (the kind's name where there is none)."""
+    for refusal, message in (
+        (Refusal.error("boom"), "^boom$"),
+        (CONTEXT_FULL, "^draft_context_full$"),
+    ):
+        row = OneRow(partial(ScriptedSession, partial(refuse, refusal)))
+        with pytest.raises(DrafterError, match=message):
+            row.propose([1, 2], 2, SamplingParams(), None)

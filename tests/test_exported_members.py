@@ -30,6 +30,7 @@ PUBLIC = {
     "SequenceUpdate",
     "SpectuneError",
     "SpeculativeEngine",
+    "StepPlan",  # what a KPolicy's plan() returns: custom policies build it
     "StepRecord",
     "SuffixDrafter",
     "TargetFeatures",

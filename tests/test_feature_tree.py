@@ -11,12 +11,10 @@ import torch
 
 from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
-from spectune.drafters import ModelDrafter, NgramDrafter
+from spectune.drafters import FeatureTreeDrafter, ModelDrafter, NgramDrafter, TreeDrafter, TreeShape
 from spectune.drafters.base import TargetFeatures
 from spectune.drafters.feature import FeatureDrafter
-from spectune.drafters.feature_tree import FeatureTreeDrafter
 from spectune.drafters.pairing import tree_drafter_for
-from spectune.drafters.tree import TreeDrafter, TreeShape
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import toy_config, toy_model
@@ -81,7 +79,7 @@ def test_tree_masked_head_features_equal_each_path_run_alone(
     hidden = toy_target.forward(torch.tensor([prompt]), toy_target.new_cache()).hidden
     assert hidden is not None  # [1, 5, hidden] the target states the engine would commit
     drafter = tree(toy_feature_drafter, TreeShape(3, 24))
-    drafter.drafter.commit(prompt, TargetFeatures(0, hidden[0]))
+    drafter.commit(prompt, TargetFeatures(0, hidden[0]))
     draft = drafter.propose(prompt, 4, SamplingParams(), None)
     last = drafter._last
     assert draft.parents is not None and last is not None and len(last.tokens) > 6

@@ -9,9 +9,8 @@ import torch
 from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
 from spectune.draft import tree_layout
-from spectune.drafters import ModelDrafter
+from spectune.drafters import ModelDrafter, TreeDrafter, TreeShape
 from spectune.drafters.pairing import tree_drafter_for
-from spectune.drafters.tree import TreeDrafter, TreeShape
 from spectune.errors import InvalidParameterError
 from spectune.models.hf import HFModel, load_hf_model
 from spectune.models.llama import LlamaLM

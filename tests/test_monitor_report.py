@@ -145,3 +145,21 @@ def test_trace_writer_accepts_a_stream(tmp_path: Path) -> None:
         assert not handle.closed
     (request,) = read_trace(path)
     assert request.steps[0].record == fake_record(2, 1) and request.steps[0].policy == {"k": 2}
+
+
+def test_traces_from_before_the_rename_still_load(tmp_path: Path) -> None:
+    """``StepRecord.drafted`` became ``num_draft_tokens``: traces write the new key, and
+    a trace that names it ``drafted`` (written before the rename) reads the same."""
+    path = tmp_path / "new.jsonl"
+    record = fake_record(4, 2, num_draft_tokens=3)
+    with TraceWriter(path) as writer:
+        writer.step("a", record, None)
+    event = json.loads(path.read_text())
+    assert event["num_draft_tokens"] == 3 and "drafted" not in event
+    event["drafted"] = event.pop("num_draft_tokens")
+    old = tmp_path / "old.jsonl"
+    old.write_text(json.dumps(event) + "\n")
+    assert [s.record for r in (read_trace(path), read_trace(old)) for s in r[0].steps] == [
+        record,
+        record,
+    ]

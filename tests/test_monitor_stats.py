@@ -33,7 +33,7 @@ def test_counters_match_the_engine(
     snap = watch.snapshot()
     emitted = sum(len(s.emitted) for s in steps)
     assert snap.steps == len(steps)
-    assert snap.drafted == sum(s.drafted for s in steps) > 0
+    assert snap.drafted == sum(s.num_draft_tokens for s in steps) > 0
     assert snap.accepted == sum(s.accepted for s in steps) > 0
     assert snap.emitted == emitted
     # Every step emits its accepted tokens plus one (bonus or recovered), before the last
@@ -49,7 +49,7 @@ def test_counters_match_the_engine(
     assert list(snap.accepted_per_position) == sorted(snap.accepted_per_position, reverse=True)
     pairs = zip(snap.accepted_per_position, snap.drafted_per_position, strict=True)
     assert all(a <= d for a, d in pairs)
-    assert snap.rejections == sum(1 for s in steps if s.accepted < s.drafted)
+    assert snap.rejections == sum(1 for s in steps if s.accepted < s.num_draft_tokens)
     assert snap.fallback_events.get("token", 0) == snap.rejections
     # Time: draft + target + overhead is the step time.
     assert snap.draft_time + snap.target_time + snap.overhead_time == pytest.approx(snap.step_time)
@@ -139,8 +139,8 @@ def test_cli_counts_rejections_as_the_monitor_does() -> None:
     """A tree step that keeps a whole path is no rejection, whatever its node count: the
     CLI's summary and the monitor both compare accepted with the positions tested."""
     steps = [
-        dataclasses.replace(fake_record(3, 3, drafted=8), tree_depth=3),  # a full path
-        dataclasses.replace(fake_record(3, 1, drafted=8), tree_depth=3),  # cut short
+        dataclasses.replace(fake_record(3, 3, num_draft_tokens=8), tree_depth=3),  # a full path
+        dataclasses.replace(fake_record(3, 1, num_draft_tokens=8), tree_depth=3),  # cut short
         fake_record(4, 2),  # a chain cut short
         fake_record(4, 4),  # a chain kept whole
     ]

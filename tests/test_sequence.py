@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from spectune.control.base import FixedK
+from spectune.control.base import FixedK, StepPlan
 from spectune.decode.sequence import SequenceState, Step
 from spectune.decode.step import CHUNK_SLACK
 from spectune.draft import CONTEXT_FULL, Draft, Refusal
@@ -42,15 +42,12 @@ class Policy(FixedK):
         self.groups = groups
         self.seen: list[StepRecord] = []
 
-    @property
-    def reason(self) -> str | None:
-        return "held: k is 0" if self.k == 0 else None
+    def plan(self) -> StepPlan:
+        groups = None if self.groups is None else (self.groups,) * (self.k + 1)
+        return StepPlan(self.k, groups, "held: k is 0" if self.k == 0 else None)
 
     def observe(self, record: StepRecord) -> None:
         self.seen.append(record)
-
-    def verify_groups(self, k: int) -> int | None:
-        return self.groups
 
 
 @dataclass
@@ -150,7 +147,7 @@ def test_accept_turns_refusals_and_bad_drafts_into_fallbacks() -> None:
 
     seq = sequence()
     step = seq.plan(drafting=True, start=0.0)
-    seq.accept(step, Refusal("drafter_error: boom"))  # permanent
+    seq.accept(step, Refusal.error("boom"))  # permanent
     assert seq.drafter_failure == "drafter_error: boom"
 
 
@@ -172,7 +169,7 @@ def test_settle_keeps_the_path_commits_and_records() -> None:
     assert cache.truncated == [(2 + 1 + 2, 2)] and cache.moved == []  # a chain stays in place
     assert seq.context == [1, 3, 4, 5, 6, 8] and seq.output == [5, 6, 8]
     assert commits == [[0, 1, 2]]  # the pending token's row, then the accepted rows
-    assert (record.index, record.k, record.drafted, record.accepted) == (0, 3, 3, 2)
+    assert (record.index, record.k, record.num_draft_tokens, record.accepted) == (0, 3, 3, 2)
     assert record.emitted == (5, 6, 8) and record.finish_reason is None
     assert (record.draft_time, record.target_time, record.verify_peak_bytes) == (0.1, 0.2, 123)
     assert record.tree_depth is None and record.verify_groups == 1
@@ -214,6 +211,6 @@ def test_settle_stops_and_then_tells_the_drafter_nothing() -> None:
 def test_a_failed_drafter_hears_no_more_commits() -> None:
     seq = sequence()
     step = seq.plan(drafting=True, start=0.0)
-    seq.accept(step, Refusal("drafter_error: boom"))
+    seq.accept(step, Refusal.error("boom"))
     _, commits = settle(seq, step, chain_result(0, (5,), True), Cache(), 2)
     assert commits == []

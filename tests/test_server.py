@@ -16,6 +16,7 @@ import torch
 
 from spectune.decode.engine import SpeculativeEngine
 from spectune.decode.sequential import SequenceUpdate, SequentialBatchEngine
+from spectune.drafters import ModelDrafter
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.scripted import FailingDrafter, ScriptedDrafter
 from spectune.models.llama import LlamaLM
@@ -40,7 +41,11 @@ def server(
     toy_target: LlamaLM, toy_draft: LlamaLM, tokenizer: Tokenizer
 ) -> Iterator[tuple[str, Service]]:
     service = toy_service(
-        toy_target, tokenizer, draft=DraftSource(model=toy_draft), engine=engine(), limits=LIMITS
+        toy_target,
+        tokenizer,
+        draft=DraftSource(ModelDrafter(toy_draft)),
+        engine=engine(),
+        limits=LIMITS,
     )
     with running_server(create_app(service)) as url:
         yield url, service
@@ -269,7 +274,7 @@ def test_disconnect_mid_stream_frees_the_row(toy_target: LlamaLM, tokenizer: Tok
     service = toy_service(
         toy_target, tokenizer, draft=slow_drafter(64), engine=engine(), limits=LIMITS
     )
-    body = {"model": "toy", "prompt": "w1 w2", "max_tokens": 300, "temperature": 0, "stream": True}
+    body = {"model": "toy", "prompt": "w8", "max_tokens": 300, "temperature": 0, "stream": True}
     with running_server(create_app(service)) as url:
         bystander: dict[str, str] = {}
 
@@ -299,7 +304,10 @@ def test_too_many_requests_is_429(toy_target: LlamaLM, tokenizer: Tokenizer) -> 
     service = toy_service(
         toy_target, tokenizer, draft=slow_drafter(64), engine=engine(), limits=limits
     )
-    body = {"model": "toy", "prompt": "w1", "max_tokens": 300, "stream": True}
+    # Greedy, so the first request's length does not depend on a random draw: sampled, it
+    # could end at an early EOS before the second request arrives (seen once in the suite);
+    # greedy, "w8" runs 109 tokens on the toy target, ~2 s with the slow drafter.
+    body = {"model": "toy", "prompt": "w8", "max_tokens": 300, "temperature": 0, "stream": True}
     with running_server(create_app(service)) as url:
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as first:
             assert first.status_code == 200
@@ -412,7 +420,7 @@ def test_sequential_engine_is_exact(
     service = toy_service(
         toy_target,
         tokenizer,
-        draft=DraftSource(model=toy_draft),
+        draft=DraftSource(ModelDrafter(toy_draft)),
         engine=EngineSettings(kind="sequential", capacity=512),
         limits=LIMITS,
     )
@@ -430,8 +438,8 @@ def test_feature_head_draft_is_served_exactly(
     toy_target: LlamaLM, toy_feature_drafter: FeatureDrafter, tokenizer: Tokenizer, kind: str
 ) -> None:
     """``serve --draft <feature head>`` drafts with the head (batched), not a fallback."""
-    draft = DraftSource.from_drafter(toy_feature_drafter)
-    assert draft.feature is toy_feature_drafter and draft.name == toy_feature_drafter.name
+    draft = DraftSource(toy_feature_drafter)
+    assert draft.for_batch() is toy_feature_drafter and draft.name == toy_feature_drafter.name
     service = toy_service(
         toy_target,
         tokenizer,
@@ -449,19 +457,27 @@ def test_feature_head_draft_is_served_exactly(
             assert result.choices[0].text == expected
 
 
-def test_draft_source_keeps_what_each_drafter_needs(
-    toy_draft: LlamaLM, toy_feature_drafter: FeatureDrafter
-) -> None:
+def test_draft_source_keeps_what_each_drafter_needs(toy_draft: LlamaLM) -> None:
+    """Learned drafters batch as themselves (they are sources, written for rows, a reduced
+    vocabulary's id map included); simple ones as per-row fresh copies; every request of
+    the sequential engine gets a fresh copy."""
     from spectune.drafters import ModelDrafter, NgramDrafter
     from spectune.drafters.batched import PerRow
 
-    assert DraftSource.from_drafter(None).name is None
-    assert DraftSource.from_drafter(NgramDrafter()).ngram
-    assert DraftSource.from_drafter(ModelDrafter(toy_draft)).model is toy_draft
+    assert DraftSource(None).name is None and DraftSource(None).for_batch() is None
+    ngram = DraftSource(NgramDrafter())
+    per_row = ngram.for_batch()
+    assert ngram.name == "ngram" and isinstance(per_row, PerRow)
+    assert isinstance(per_row.factory(), NgramDrafter)
+    model = ModelDrafter(toy_draft)
+    assert DraftSource(model).for_batch() is model and DraftSource(model).name == model.name
     reduced = ModelDrafter(toy_draft, vocab_subset=torch.arange(32), name="reduced")
-    source = DraftSource.from_drafter(reduced)
-    assert source.model is None and source.name == "reduced"
-    per_row = source.for_batch()
-    assert isinstance(per_row, PerRow)  # per-sequence drafters, each a fresh copy
-    made = per_row.factory()
-    assert isinstance(made, ModelDrafter) and made.vocab_subset is not None  # id map kept
+    source = DraftSource(reduced)
+    assert source.name == "reduced" and source.for_batch() is reduced
+    factory = source.factory()
+    assert factory is not None
+    made = factory()
+    assert isinstance(made, ModelDrafter) and made is not reduced
+    assert made.vocab_subset is not None and made.name == "reduced"  # id map and name kept
+    custom = DraftSource(drafters=lambda: NgramDrafter())
+    assert custom.name == "custom" and isinstance(custom.for_batch(), PerRow)

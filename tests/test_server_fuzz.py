@@ -13,6 +13,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
+from spectune.drafters import ModelDrafter
 from spectune.models.llama import LlamaLM
 from spectune.server import Limits, create_app
 from spectune.server.engines import DraftSource, EngineSettings
@@ -36,7 +37,7 @@ def base_url(
     service = toy_service(
         toy_target,
         tokenizer,
-        draft=DraftSource(model=toy_draft),
+        draft=DraftSource(ModelDrafter(toy_draft)),
         engine=EngineSettings(kind="batch", capacity=512),
         limits=limits,
     )

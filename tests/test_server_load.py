@@ -20,6 +20,7 @@ import torch
 
 from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
+from spectune.drafters import ModelDrafter, NgramDrafter
 from spectune.drafters.pairing import Loaded
 from spectune.models.llama import LlamaLM
 from spectune.sampling import SamplingParams
@@ -92,7 +93,7 @@ def loaded_server(
     service = toy_service(
         toy_target,
         tokenizer,
-        draft=DraftSource(model=toy_draft),
+        draft=DraftSource(ModelDrafter(toy_draft)),
         engine=EngineSettings(kind="batch", max_batch=CLIENTS, capacity=512),
         limits=Limits(max_requests=2 * CLIENTS),
     )
@@ -167,7 +168,7 @@ def test_real_default_model(smollm2: Loaded) -> None:
     target, tokenizer = smollm2.model, smollm2.tokenizer
     engine, policies, context = build_engine(
         target,
-        DraftSource(ngram=True),
+        DraftSource(NgramDrafter()),
         EngineSettings(kind="batch", max_batch=4, capacity=2048),
         lambda params: FixedK(4),
     )

@@ -365,7 +365,7 @@ def test_server_drafts_from_earlier_requests(toy_target: LlamaLM, tmp_path: Path
     service = toy_service(
         toy_target,
         tokenizer,
-        draft=DraftSource.from_drafter(SuffixDrafter(None, history)),
+        draft=DraftSource(SuffixDrafter(None, history)),
         engine=EngineSettings(capacity=256),
     )
     with running_server(create_app(service)) as url:

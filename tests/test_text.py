@@ -4,10 +4,13 @@ partial stop, and the CLI's ``stream_text`` over a real engine."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
 
+from spectune.cli.generate import decode, summary
+from spectune.control.base import FixedK
 from spectune.control.replay import fake_record
 from spectune.decode.engine import SpeculativeEngine
 from spectune.decode.text import StopStrings, TextPiece, TextStream, stream_text
@@ -94,13 +97,26 @@ def test_stream_text_yields_the_whole_text(
         assert stops[0] not in text
 
 
+def test_the_cli_reports_the_prefill(toy_target: LlamaLM, tmp_path: Path) -> None:
+    """``generate --json``'s ``prefill_seconds``: the CLI builds its ``Generation`` from
+    the streamed records, and used to leave the prefill at 0."""
+    tokenizer = toy_tokenizer(tmp_path / "tok")
+    engine = SpeculativeEngine(toy_target)
+    prompt = list(range(1, 41))  # a 39-token prefill
+    start = time.perf_counter()
+    gen, _ = decode(engine, tokenizer, prompt, SamplingParams(max_tokens=4), FixedK(0), False)
+    elapsed = time.perf_counter() - start
+    assert 0.0 < gen.prefill_time < elapsed - gen.decode_time
+    assert summary(gen)["prefill_seconds"] == round(gen.prefill_time, 4)
+
+
 def test_server_usage_counts_only_the_output() -> None:
     """The server's assembler: text from ``TextStream``, usage from ``SpecCounts``; tokens
     past a stop leave ``completion_tokens``, a tree counts its depth in ``drafted``."""
     assembler = TextAssembler(BYTES, ("END",))
 
     def step(text: str, accepted: int, drafted: int | None = None) -> StepRecord:
-        record = fake_record(4, accepted, drafted=drafted, emitted=len(ids(text)))
+        record = fake_record(4, accepted, num_draft_tokens=drafted, emitted=len(ids(text)))
         return dataclasses.replace(record, emitted=tuple(ids(text)))
 
     first = assembler.push(dataclasses.replace(step("abcE", 3, drafted=9), tree_depth=4))

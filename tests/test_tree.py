@@ -11,8 +11,7 @@ from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
 from spectune.decode.step import check_draft, keep_path
 from spectune.draft import Draft, chain_parents, tree_layout, trim_tree
-from spectune.drafters import ModelDrafter
-from spectune.drafters.tree import TreeDrafter, TreeShape
+from spectune.drafters import ModelDrafter, TreeDrafter, TreeShape
 from spectune.errors import DrafterError, InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import perturbed, toy_config, toy_model
@@ -335,10 +334,10 @@ def test_tree_steps_measure_acceptance_along_the_path(
     gen = SpeculativeEngine(toy_target, TreeDrafter(toy_draft, TreeShape(3, 16))).run(
         [1, 5, 9, 13, 7], SamplingParams(max_tokens=40), policy=FixedK(3)
     )
-    trees = [s for s in gen.steps if s.drafted]
+    trees = [s for s in gen.steps if s.num_draft_tokens]
     assert trees and all(s.tree_depth is not None and s.positions == s.tree_depth for s in trees)
-    assert all(s.accepted <= s.positions <= min(3, s.drafted) for s in trees)
-    assert any(s.positions < s.drafted for s in trees)  # wider than deep: the case at hand
+    assert all(s.accepted <= s.positions <= min(3, s.num_draft_tokens) for s in trees)
+    assert any(s.positions < s.num_draft_tokens for s in trees)  # wider than deep: the case at hand
     assert gen.acceptance_rate == sum(s.accepted for s in trees) / sum(s.positions for s in trees)
     chain = StepRecord(0, 4, 4, 2, (1, 2, 3), 0.0, 0.0, 0.0)
     assert chain.positions == 4 and chain.tree_depth is None

@@ -92,7 +92,7 @@ def test_tree_drafter_end_to_end_emits_the_target_distribution(toy_target, toy_d
     the first two tokens follow the toy target's own distribution. Chi-square over the
     likely (t1, t2) pairs (expected count >= 5; the rest pooled), 4,000 runs, fixed seeds,
     false-failure probability 1e-4."""
-    from spectune.drafters.tree import TreeDrafter, TreeShape
+    from spectune.drafters import TreeDrafter, TreeShape
     from tree_checks import first_two_tokens_pvalue
 
     drafter = TreeDrafter(toy_draft, TreeShape(width=3, nodes=7))

@@ -150,7 +150,7 @@ def test_policy_toml_round_trips_into_policy_file(tmp_path: Path) -> None:
     loaded = load_policy_file(path)
     assert loaded == spec
     policy = build_policy(loaded)
-    assert policy.next_k() == 2
+    assert policy.plan().k == 2
     for command in (["generate", "hi"], ["serve"]):  # the commands that take --policy-file
         args = build_parser().parse_args([*command, "--policy-file", str(path)])
         assert policy_spec_from_args(args) == spec

@@ -18,10 +18,9 @@ from spectune.control.base import FixedK
 from spectune.control.replay import fake_record
 from spectune.decode.batch import BatchEngine
 from spectune.decode.engine import SpeculativeEngine
-from spectune.drafters import NgramDrafter
+from spectune.drafters import NgramDrafter, TreeDrafter, TreeShape
 from spectune.drafters.batched import PerRow
 from spectune.drafters.scripted import ScriptedDrafter
-from spectune.drafters.tree import TreeDrafter, TreeShape
 from spectune.models.devices import VerifyMemory
 from spectune.models.llama import LlamaLM
 from spectune.monitor import Monitor, TraceWriter, analyse_trace, read_trace

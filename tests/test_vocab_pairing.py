@@ -14,9 +14,9 @@ from scipy import stats
 from spectune.control.base import FixedK
 from spectune.decode.batch import BatchEngine
 from spectune.decode.engine import SpeculativeEngine
+from spectune.drafters import TreeDrafter, TreeShape
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.pairing import Loaded, drafter_summary, load_drafter, tree_drafter_for
-from spectune.drafters.tree import TreeDrafter, TreeShape
 from spectune.errors import IncompatibleModelsError, SpectuneWarning
 from spectune.models.llama import LlamaLM, LlamaTransformer
 from spectune.models.loading import save_native
@@ -159,7 +159,7 @@ def test_mismatched_vocabulary_drafts_and_keeps_greedy_output(
 
     batch = BatchEngine(
         target,
-        DraftSource.from_drafter(drafter).for_batch(),
+        DraftSource(drafter).for_batch(),
         max_batch=2,
         capacity=128,
         policy_factory=lambda p: FixedK(3),

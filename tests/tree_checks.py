@@ -66,7 +66,7 @@ def greedy_tree_accepted(
         gen = SpeculativeEngine(target, make_tree()).run(prompt, params, policy=FixedK(4))
         assert gen.tokens == plain
         assert all(s.fallback is None for s in gen.steps)
-        assert max(s.drafted for s in gen.steps) <= shape.nodes
+        assert max(s.num_draft_tokens for s in gen.steps) <= shape.nodes
         accepted += gen.accepted
     return accepted
 
@@ -78,7 +78,8 @@ def assert_width_one_tree_is_the_chain(
     temperature: float,
     prompts: Sequence[list[int]],
 ) -> None:
-    """Same tokens and the same (drafted, accepted) per step, with the same seeds (K = 3)."""
+    """Same tokens and the same (num_draft_tokens, accepted) per step, with the same seeds
+    (K = 3)."""
     params = SamplingParams(temperature=temperature, max_tokens=40)
     for seed, prompt in enumerate(prompts):
         runs = [
@@ -88,6 +89,6 @@ def assert_width_one_tree_is_the_chain(
             for make in (make_chain, make_tree)
         ]
         assert runs[1].tokens == runs[0].tokens
-        assert [(s.drafted, s.accepted) for s in runs[1].steps] == [
-            (s.drafted, s.accepted) for s in runs[0].steps
+        assert [(s.num_draft_tokens, s.accepted) for s in runs[1].steps] == [
+            (s.num_draft_tokens, s.accepted) for s in runs[0].steps
         ]

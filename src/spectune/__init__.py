@@ -8,7 +8,7 @@ import os
 
 os.environ.setdefault("MKL_CBWR", "AVX2")
 
-from spectune.control import FixedK, KPolicy, make_policy  # noqa: E402
+from spectune.control import FixedK, KPolicy, StepPlan, make_policy  # noqa: E402
 from spectune.decode.batch import BatchEngine, SequenceUpdate  # noqa: E402
 from spectune.decode.engine import Generation, SpeculativeEngine  # noqa: E402
 from spectune.drafters import (  # noqa: E402
@@ -69,6 +69,7 @@ __all__ = [
     "SequenceUpdate",
     "SpectuneError",
     "SpeculativeEngine",
+    "StepPlan",
     "StepRecord",
     "TargetFeatures",
     "TreeDrafter",

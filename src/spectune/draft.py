@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 from torch import Tensor
@@ -43,6 +44,7 @@ __all__ = [
     "MAX_TREE_NODES",
     "Draft",
     "Refusal",
+    "RefusalKind",
     "chain_parents",
     "empty_draft",
     "check_parents",
@@ -82,18 +84,43 @@ class Draft:
         return max(tree_depths(self.parents.tolist()), default=0)
 
 
+class RefusalKind(Enum):
+    """Why a drafter gave no draft. The value starts the step's fallback reason, the text
+    records, traces and the monitor's fallback counts read (``Refusal.reason``)."""
+
+    CONTEXT_FULL = "draft_context_full"  # the draft cache has no room for context + draft
+    DRAFTER_ERROR = "drafter_error"  # the drafter failed (raised, or cannot draft this row)
+    DRAFT_DEADLINE = "draft_deadline"  # a draft pass ran past its deadline
+
+
+REASON_CHARS = 200  # a permanent reason goes into every later record of its request
+
+
 @dataclass(frozen=True)
 class Refusal:
     """A drafter's answer for a request it cannot draft for; ``reason`` becomes the
     step's fallback. A ``permanent`` refusal (the drafter failed) turns drafting off for the
     rest of the request; a passing one (the draft cache is full) for this step only."""
 
-    reason: str
+    kind: RefusalKind
+    detail: str | None = None  # what went wrong, in words (an exception's message)
     permanent: bool = True
+
+    @classmethod
+    def error(cls, cause: BaseException | str) -> Refusal:
+        """A failed drafter: ``cause`` (an exception or a message) becomes the detail."""
+        return cls(RefusalKind.DRAFTER_ERROR, str(cause))
+
+    @property
+    def reason(self) -> str:
+        """The fallback reason, written here only: ``<kind>`` or ``<kind>: <detail>``, its
+        first line, at most ``REASON_CHARS`` characters."""
+        text = self.kind.value if self.detail is None else f"{self.kind.value}: {self.detail}"
+        return text.splitlines()[0][:REASON_CHARS]
 
 
 # The draft cache has no room for this request's context and draft (this step only).
-CONTEXT_FULL = Refusal("draft_context_full", permanent=False)
+CONTEXT_FULL = Refusal(RefusalKind.CONTEXT_FULL, permanent=False)
 
 
 def empty_draft() -> Draft:

@@ -21,7 +21,6 @@ __all__ = [
     "SpecCounts",
     "StepRecord",
     "StopCondition",
-    "drafter_error",
     "ratio",
     "validate_k",
 ]
@@ -50,7 +49,7 @@ class StepRecord:
 
     index: int
     k: int  # draft tokens asked of the drafter (0: a plain decoding step)
-    drafted: int  # draft tokens the drafter returned (<= k)
+    num_draft_tokens: int  # draft tokens the drafter returned (a chain: <= k; a tree: nodes)
     accepted: int  # draft tokens the target kept
     emitted: tuple[int, ...]  # tokens appended to the output, after stop truncation
     draft_time: float  # seconds spent drafting
@@ -69,14 +68,8 @@ class StepRecord:
     def positions(self) -> int:
         """Draft positions tested along one path: a chain's length, a tree's depth. The
         denominator of acceptance: a tree of 8 nodes and depth 2 can keep 2 tokens at
-        most, so accepted / drafted would understate how well it did."""
-        return self.drafted if self.tree_depth is None else self.tree_depth
-
-
-def drafter_error(exc: BaseException) -> str:
-    """The fallback reason a drafter's exception becomes: ``drafter_error: <message>``,
-    its first line only, at most 200 characters (it goes into every later record)."""
-    return f"drafter_error: {exc}".splitlines()[0][:200]
+        most, so accepted / num_draft_tokens would understate how well it did."""
+        return self.num_draft_tokens if self.tree_depth is None else self.tree_depth
 
 
 def ratio(part: float, whole: float) -> float | None:
@@ -135,8 +128,8 @@ class SpecCounts(DerivedRates):
 
     Two draft quantities, named apart:
 
-    - ``draft_tokens``  tokens (a tree: nodes) the drafter returned, ``StepRecord.drafted``:
-                        the target's verification work.
+    - ``num_draft_tokens``  tokens (a tree: nodes) the drafter returned,
+                            ``StepRecord.num_draft_tokens``: the target's verification work.
     - ``positions``     draft positions tested along one path, ``StepRecord.positions`` (a
                         chain: its length; a tree: its depth): the most a step can keep, so
                         the denominator of acceptance.
@@ -153,7 +146,7 @@ class SpecCounts(DerivedRates):
     """
 
     steps: int = 0
-    draft_tokens: int = 0
+    num_draft_tokens: int = 0
     positions: int = 0
     accepted: int = 0  # draft tokens the target kept
     emitted: int = 0  # tokens appended to the output (after truncation)
@@ -175,7 +168,7 @@ class SpecCounts(DerivedRates):
     def add(self, record: StepRecord) -> None:
         """Count one step."""
         self.add_step(
-            draft_tokens=record.drafted,
+            num_draft_tokens=record.num_draft_tokens,
             positions=record.positions,
             accepted=record.accepted,
             emitted=len(record.emitted),
@@ -188,7 +181,7 @@ class SpecCounts(DerivedRates):
     def add_step(
         self,
         *,
-        draft_tokens: int,
+        num_draft_tokens: int,
         positions: int,
         accepted: int,
         emitted: int,
@@ -199,7 +192,7 @@ class SpecCounts(DerivedRates):
     ) -> None:
         """Count one step from its numbers (for callers that keep numbers, not records)."""
         self.steps += 1
-        self.draft_tokens += draft_tokens
+        self.num_draft_tokens += num_draft_tokens
         self.positions += positions
         self.accepted += accepted
         self.emitted += emitted
@@ -225,7 +218,7 @@ class SpecCounts(DerivedRates):
     def merge(self, other: SpecCounts) -> None:
         """Add another set of counts to these (requests pooled into one total)."""
         self.steps += other.steps
-        self.draft_tokens += other.draft_tokens
+        self.num_draft_tokens += other.num_draft_tokens
         self.positions += other.positions
         self.accepted += other.accepted
         self.emitted += other.emitted
@@ -266,7 +259,7 @@ class CountsReport:
 
     @property
     def drafted(self) -> int:
-        return self.counts.draft_tokens
+        return self.counts.num_draft_tokens
 
     @property
     def accepted(self) -> int:

@@ -143,7 +143,7 @@ class SpectuneSystem:
             draft_seconds=counts.draft_time if speculative else None,
             decode_seconds=counts.step_time,
             ks=tuple(s.k for s in gen.steps),
-            step_drafted=tuple(s.drafted for s in gen.steps),
+            step_drafted=tuple(s.num_draft_tokens for s in gen.steps),
             step_positions=tuple(s.positions for s in gen.steps),
             step_accepted=tuple(s.accepted for s in gen.steps),
             fallback_steps=counts.fallback_steps,

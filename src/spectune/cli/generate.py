@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 import torch
@@ -91,7 +92,7 @@ def summary(gen: Generation, watch: RequestMonitor | None = None) -> dict[str, A
         "tokens": len(gen.tokens),
         "steps": counts.steps,
         "tokens_per_second": round(gen.tokens_per_second, 2),
-        "drafted": counts.draft_tokens,  # a tree: its nodes
+        "drafted": counts.num_draft_tokens,  # a tree: its nodes
         "positions": counts.positions,  # the acceptance rate's denominator
         "accepted": counts.accepted,
         "acceptance_rate": round(gen.acceptance_rate, 4),
@@ -117,7 +118,13 @@ def decode(
 ) -> tuple[Generation, str]:
     gen = Generation(prompt_tokens=prompt)
     text: list[str] = []
+    start = time.perf_counter()
     for chunk in stream_text(engine, tokenizer, prompt, params, policy=policy):
+        if not gen.steps:
+            # The first chunk comes after the prefill and the first step: the prefill is
+            # the time that step does not account for (``SpeculativeEngine.run``'s rule;
+            # the later steps' echo and text time is no part of it).
+            gen.prefill_time = time.perf_counter() - start - chunk.record.step_time
         if watch is not None:
             watch.observe(chunk.record)
         gen.add(chunk.record)

@@ -161,7 +161,7 @@ def _serve(
     target, drafter = load_models(args)
     if args.suffix_history_tokens > 0:
         drafter = with_history(drafter, HistoryStore(args.suffix_history_tokens))
-    draft = DraftSource.from_drafter(drafter)
+    draft = DraftSource(drafter)
 
     def default_policy(params: SamplingParams) -> KPolicy:
         if draft.name is None:

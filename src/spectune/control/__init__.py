@@ -1,10 +1,11 @@
 """K policies (controllers) for speculative decoding, and the fallback checks around them.
 
 Build one per request by name: ``make_policy("threshold" | "cost" | "fixed", options,
-params=..., cost_curve=...)``.
+params=..., cost_curve=...)``. Each answers ``plan() -> StepPlan`` before a step and
+``observe(record)`` after it (``spectune.control.base``).
 """
 
-from spectune.control.base import FixedK, KPolicy, PolicyState, ReportsState
+from spectune.control.base import FixedK, KPolicy, PolicyState, ReportsState, StepPlan
 from spectune.control.config import PolicySpec, load_policy_file, parse_policy_opts, policy_spec
 from spectune.control.cost import CostConfig, CostK
 from spectune.control.fallback import (
@@ -36,6 +37,7 @@ __all__ = [
     "PolicySpec",
     "PolicyState",
     "ReportsState",
+    "StepPlan",
     "ThresholdConfig",
     "ThresholdK",
     "build_policy",

@@ -1,36 +1,78 @@
-"""The K-policy contract: how many tokens to draft next, learned from what happened.
+"""The K-policy contract: what the next step should do, learned from what happened.
 
-Policies own their state (one instance per request) and never touch models or configs.
-``next_k() == 0`` means "no speculation this step" (plain decoding).
+A policy answers one question before each step, ``plan() -> StepPlan``: how many tokens
+to draft (K; 0 means "no speculation this step", plain decoding), how many groups a chain
+draft is verified in (``spectune.verify.grouped``; sized with ``control/chunking.py``), and
+why speculation is held off, if it is. After the step it ``observe``s the step's record.
+A wrapper (``Guarded``) forwards the whole plan, so no part of the answer can be dropped on
+the way to the engine. Policies own their state (one instance per request) and never touch
+models or configs; ``plan()`` is pure: asking twice without an ``observe`` between gives
+the same plan.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeAlias, runtime_checkable
 
+from spectune.errors import InvalidParameterError
 from spectune.records import StepRecord, validate_k
 
-__all__ = ["FixedK", "GroupedVerification", "KPolicy", "PolicyState", "ReportsState"]
+__all__ = ["FixedK", "KPolicy", "PolicyState", "ReportsState", "StepPlan"]
 
 # A policy's inner state as flat JSON-ready values, for the step trace and the report.
 PolicyState: TypeAlias = dict[str, float | int | str | bool | None]
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """A policy's answer for the next step.
+
+    ``verify_groups`` is a table over draft lengths because the length is known only after
+    drafting: a drafter may return fewer than K tokens, and the engine cuts K to the
+    tokens and context left. Entry n is the target passes for a chain draft of n tokens
+    (n = 0..k); None: no preference (the engine's own setting applies). Trees and batches
+    are always verified in one pass.
+
+    ``reason`` says why the policy holds speculation off or down (``cost: ...``,
+    ``local: ...``); it may come with k > 0 (a probe at K = 1). The engine records it as
+    the step's fallback when the step ends up plain.
+    """
+
+    k: int  # draft tokens to propose (0: a plain step)
+    verify_groups: tuple[int, ...] | None = None  # [k + 1]: groups by draft length
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise InvalidParameterError(f"a plan's k must be >= 0, got {self.k}")
+        groups = self.verify_groups
+        if groups is not None and (len(groups) != self.k + 1 or min(groups) < 1):
+            raise InvalidParameterError(
+                f"verify_groups needs k + 1 = {self.k + 1} entries >= 1, got {groups}"
+            )
+
+    def groups_for(self, tokens: int) -> int | None:
+        """The groups for a chain draft of ``tokens`` (<= k) tokens; None: no preference."""
+        return None if self.verify_groups is None else self.verify_groups[tokens]
+
+    def capped(self, max_k: int, reason: str | None) -> StepPlan:
+        """This plan with K at most ``max_k`` (the group table cut to match) and ``reason``."""
+        k = min(self.k, max_k)
+        groups = None if self.verify_groups is None else self.verify_groups[: k + 1]
+        return replace(self, k=k, verify_groups=groups, reason=reason)
+
+
 @runtime_checkable
 class KPolicy(Protocol):
-    """Chooses K for the next step and learns from each step's record."""
+    """Plans each step and learns from each step's record."""
 
-    def next_k(self) -> int:
-        """Draft tokens to propose in the next step (0 = decode without a draft)."""
+    def plan(self) -> StepPlan:
+        """The next step's K, verification groups and hold reason (pure: no state changes)."""
         ...
 
     def observe(self, record: StepRecord) -> None:
         """Learn from the step that just ran."""
-        ...
-
-    @property
-    def reason(self) -> str | None:
-        """Why the policy currently holds speculation off, or None."""
         ...
 
 
@@ -43,29 +85,17 @@ class ReportsState(Protocol):
         ...
 
 
-@runtime_checkable
-class GroupedVerification(Protocol):
-    """A K policy that also chooses how many groups verification runs in (1: one pass;
-    None: no preference, the engine's ``verify_groups`` setting applies)."""
-
-    def verify_groups(self, k: int) -> int | None: ...
-
-
 class FixedK:
     """Always the same K: the baseline every adaptive policy is compared with."""
 
     def __init__(self, k: int) -> None:
         self.k = validate_k(k, allow_zero=True)
 
-    def next_k(self) -> int:
-        return self.k
+    def plan(self) -> StepPlan:
+        return StepPlan(self.k)
 
     def observe(self, record: StepRecord) -> None:
         """Fixed: nothing to learn."""
-
-    @property
-    def reason(self) -> str | None:
-        return None
 
     def state(self) -> PolicyState:
         return {"k": self.k}

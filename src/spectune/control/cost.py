@@ -8,7 +8,7 @@ Each decision evaluates the analytic speedup of ``spectune.control.costs`` (the 
 with every input measured on the running request:
 - alpha, the per-token acceptance: an EWMA of accepted draft tokens over tested draft
   tokens (accepted, plus the one rejected token when a step was cut short). This is the
-  maximum-likelihood alpha of the i.i.d. acceptance model, unlike accepted / drafted,
+  maximum-likelihood alpha of the i.i.d. acceptance model, unlike accepted / positions,
   which also counts the draft tokens a rejection discarded. It starts from a prior
   (``prior_alpha`` over ``prior_tokens`` tested tokens) whose weight the EWMA decays: without
   it, three first steps that accept nothing (common for a drafter that pays later, measured
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spectune.control.base import PolicyState
+from spectune.control.base import PolicyState, StepPlan
 from spectune.control.chunking import best_groups, expected_chunked_cost
 from spectune.control.costs import CostCurve, ewma, predicted_speedup
 from spectune.errors import InvalidParameterError
@@ -145,6 +145,9 @@ class CostK:
         self.draft_token_time: float | None = None  # EWMA seconds per drafted token
         self.target_one: float | None = None  # EWMA seconds of a one-token target step
         self.predicted: float | None = None  # S(K) of the current K at the last decision
+        # Groups by draft length 0..max_k from the current estimates (``_group_table``);
+        # None until asked. Every observation moves the estimates and clears it.
+        self._table: tuple[int, ...] | None = None
 
     @property
     def alpha(self) -> float | None:
@@ -158,30 +161,32 @@ class CostK:
             return None
         return self.draft_token_time / self.target_one
 
-    def next_k(self) -> int:
-        if self.k == 0 and self.plain_tokens >= self.config.probe_every:
-            return 1
-        return self.k
+    def plan(self) -> StepPlan:
+        probing = self.k == 0 and self.plain_tokens >= self.config.probe_every
+        k = 1 if probing else self.k
+        return StepPlan(k, self._group_table(k), self._reason())
 
     def observe(self, record: StepRecord) -> None:
+        self._table = None
         cfg = self.config
         w = cfg.smoothing
-        tokens = record.drafted + 1  # the target's chunk: the pending token and the draft
+        tokens = record.num_draft_tokens + 1  # the target's chunk: the pending token and the draft
         if record.target_time > 0.0 and record.verify_groups == 1:
             if self.cost_curve is not None:
-                one = record.target_time / self.cost_curve.relative(record.drafted)
+                one = record.target_time / self.cost_curve.relative(record.num_draft_tokens)
                 self.target_one = ewma(self.target_one, one, w)
             else:
                 self.learned.observe(tokens, record.target_time)
                 self.target_one = self.learned.time(1)
-        if record.drafted == 0:
+        if record.num_draft_tokens == 0:
             if record.k == 0:
                 self.plain_tokens += len(record.emitted)
             return
         rejected = 1 if record.accepted < record.positions else 0
         self.accepted = (1.0 - w) * self.accepted + w * record.accepted
         self.tested = (1.0 - w) * self.tested + w * (record.accepted + rejected)
-        self.draft_token_time = ewma(self.draft_token_time, record.draft_time / record.drafted, w)
+        per_token = record.draft_time / record.num_draft_tokens
+        self.draft_token_time = ewma(self.draft_token_time, per_token, w)
         self.speculative_steps += 1
         if self.k == 0:
             self.plain_tokens = 0  # that was a probe
@@ -202,24 +207,42 @@ class CostK:
         chunked = expected_chunked_cost(curve, alpha, k, groups)
         return groups if chunked * (1.0 + cfg.margin) < one_pass else 1
 
-    def _speedup(self, alpha: float, cost: float, curve: CostCurve, k: int) -> float:
-        """S(k) with the verification the policy would choose for k (one pass or groups)."""
-        verify = expected_chunked_cost(curve, alpha, k, self._groups(alpha, curve, k)) if k else 1.0
+    def _groups_by_length(self, alpha: float, curve: CostCurve | None = None) -> tuple[int, ...]:
+        """``_groups`` for every draft length 0..max_k, computed once per observation (the
+        decision and the plan share it: both read the same alpha and curve). ``curve``:
+        the current curve, when the caller has built it already."""
+        if self._table is None:
+            curve = curve or self._curve()
+            assert curve is not None  # callers check that there is one
+            lengths = range(self.config.max_k + 1)
+            self._table = tuple(self._groups(alpha, curve, n) for n in lengths)
+        return self._table
+
+    def _speedup(self, alpha: float, cost: float, curve: CostCurve, k: int, groups: int) -> float:
+        """S(k) with k draft tokens verified in ``groups`` groups (1: one pass)."""
+        verify = expected_chunked_cost(curve, alpha, k, groups) if k else 1.0
         return predicted_speedup(alpha, cost, curve, k, verify_cost=verify)
 
-    def verify_groups(self, k: int) -> int | None:
-        """Chunked verification for this step's k, once alpha and the costs are known."""
-        alpha, curve = self.alpha, self._curve()
-        if alpha is None or curve is None or self.speculative_steps < self.config.warmup_steps:
+    def _group_table(self, k: int) -> tuple[int, ...] | None:
+        """Chunked verification for a draft of each length up to k (``StepPlan``), once
+        alpha and the costs are known; before that no preference."""
+        alpha, cfg = self.alpha, self.config
+        no_curve = self.cost_curve is None and not self.learned.seconds  # _curve() is None
+        if alpha is None or no_curve or self.speculative_steps < cfg.warmup_steps:
             return None
-        return self._groups(alpha, curve, k)
+        if k < 2 or cfg.max_verify_groups <= 1:
+            return (1,) * (k + 1)  # what _groups gives, without building the curve
+        return self._groups_by_length(alpha)[: k + 1]
 
     def _decide(self) -> None:
         alpha, cost = self.alpha, self.draft_cost
         curve = self._curve()
         if alpha is None or cost is None or curve is None:
             return
-        speedups = {k: self._speedup(alpha, cost, curve, k) for k in range(self.config.max_k + 1)}
+        groups = self._groups_by_length(alpha, curve)
+        speedups = {
+            k: self._speedup(alpha, cost, curve, k, groups[k]) for k in range(self.config.max_k + 1)
+        }
         best_k = max(speedups, key=lambda k: (speedups[k], -k))
         best, current = speedups[best_k], speedups[self.k]
         if best_k != self.k and best > current * (1.0 + self.config.margin):
@@ -229,8 +252,8 @@ class CostK:
             current = best
         self.predicted = current
 
-    @property
-    def reason(self) -> str | None:
+    def _reason(self) -> str | None:
+        """Why K is 0 (also while a K = 1 probe runs), or None."""
         if self.k != 0:
             return None
         alpha, cost = self.alpha, self.draft_cost

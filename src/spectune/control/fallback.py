@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from spectune.control.base import GroupedVerification, KPolicy, PolicyState, ReportsState
+from spectune.control.base import KPolicy, PolicyState, ReportsState, StepPlan
 from spectune.control.costs import CostCurve, ewma
 from spectune.errors import InvalidParameterError
 from spectune.records import SpecCounts, StepRecord
@@ -74,7 +74,7 @@ class FallbackCheck(Protocol):
 
 @dataclass(frozen=True)
 class LocalFallbackConfig:
-    below: float = 0.5  # a step is bad when accepted / drafted is below this
+    below: float = 0.5  # a step is bad when accepted / positions is below this
     bad_steps: int = 5  # consecutive bad steps that trigger the back-off (the issue: 5-10)
     backoff_tokens: int = 16  # plain-decoded tokens of the first back-off
     backoff_growth: float = 2.0  # back-off multiplier on every further trigger
@@ -134,7 +134,7 @@ class LocalFallback:
                     self.phase, self.bad_run = "watch", 0
                 else:
                     self._trigger(f"probe acceptance {rate:.0%} below {cfg.below:.0%}")
-        elif record.drafted > 0:
+        elif record.num_draft_tokens > 0:
             if record.accepted / record.positions < cfg.below:
                 self.bad_run += 1
                 if self.bad_run >= cfg.bad_steps:
@@ -258,13 +258,13 @@ class GlobalFallback:
         return self.draft_step / self.target_step
 
     def observe(self, record: StepRecord) -> None:
-        if self.tripped or record.drafted == 0 or record.target_time <= 0.0:
+        if self.tripped or record.num_draft_tokens == 0 or record.target_time <= 0.0:
             return
         self.seen += 1
         if self.seen == 1:
             return  # one-time work, see the class docstring
-        relative = self.cost_curve.relative(record.drafted) if self.cost_curve else 1.0
-        draft_step = record.draft_time / record.drafted
+        relative = self.cost_curve.relative(record.num_draft_tokens) if self.cost_curve else 1.0
+        draft_step = record.draft_time / record.num_draft_tokens
         target_step = record.target_time / relative
         w = self.config.smoothing
         self.draft_step = ewma(self.draft_step, draft_step, w)
@@ -305,31 +305,24 @@ class Guarded:
     def _holds(self) -> list[Hold]:
         return [hold for check in self.checks if (hold := check.check()) is not None]
 
-    def next_k(self) -> int:
-        k = self.inner.next_k()
-        for hold in self._holds():
-            k = min(k, hold.max_k)
-        return k
+    def plan(self) -> StepPlan:
+        """The inner policy's plan, whole (its verification groups included), with K
+        capped by every objection; the first objection that holds K at 0 gives the
+        reason, else the inner policy's."""
+        plan = self.inner.plan()
+        holds = self._holds()
+        if not holds:
+            return plan
+        reason = next((hold.reason for hold in holds if hold.max_k == 0), plan.reason)
+        return plan.capped(min(hold.max_k for hold in holds), reason)
 
     def observe(self, record: StepRecord) -> None:
         self.inner.observe(record)
         for check in self.checks:
             check.observe(record)
 
-    def verify_groups(self, k: int) -> int | None:
-        """The inner policy's choice of chunked verification, if it makes one."""
-        inner = self.inner
-        return inner.verify_groups(k) if isinstance(inner, GroupedVerification) else None
-
-    @property
-    def reason(self) -> str | None:
-        for hold in self._holds():
-            if hold.max_k == 0:
-                return hold.reason
-        return self.inner.reason
-
     def state(self) -> PolicyState:
-        state: PolicyState = {"policy": self.name, "next_k": self.next_k()}
+        state: PolicyState = {"policy": self.name, "next_k": self.plan().k}
         if isinstance(self.inner, ReportsState):
             state.update(self.inner.state())
         for check in self.checks:

@@ -1,8 +1,8 @@
 """Drive a K policy with scripted steps, without models: a test double for controllers.
 
-``drive`` plays the engine's side of the contract: ask ``next_k()``, fabricate the step's
-``StepRecord`` from a script (acceptance, timings), give the record the policy's
-``reason`` as its fallback when K is 0 (as the engine does), and ``observe`` it. The K
+``drive`` plays the engine's side of the contract: ask ``plan()``, fabricate the step's
+``StepRecord`` from a script (acceptance, timings), give the record the plan's ``reason``
+as its fallback when K is 0 (as the engine does), and ``observe`` it. The K
 trajectory comes back, so a test states "these acceptances give these K" directly, with
 timings injected rather than measured (no sleeps, no timed tests).
 """
@@ -22,17 +22,17 @@ __all__ = ["ScriptedStep", "drive", "fake_record"]
 class ScriptedStep:
     """What one scripted step does with the K it is given."""
 
-    acceptance: float  # accepted = round(acceptance * drafted)
+    acceptance: float  # accepted = round(acceptance * num_draft_tokens)
     draft_time_per_token: float = 0.001  # seconds per drafted token
     target_time: float = 0.01  # seconds of the target pass
-    drafted: int | None = None  # tokens the drafter returns (None: all k)
+    num_draft_tokens: int | None = None  # tokens the drafter returns (None: all k)
 
 
 def fake_record(
     k: int,
     accepted: int,
     *,
-    drafted: int | None = None,
+    num_draft_tokens: int | None = None,
     draft_time: float = 0.0,
     target_time: float = 0.01,
     index: int = 0,
@@ -40,17 +40,17 @@ def fake_record(
     emitted: int | None = None,
     overhead_time: float = 0.0,
 ) -> StepRecord:
-    """A record of a step that drafted ``drafted`` (default ``k``) and kept ``accepted``;
-    it emits ``emitted`` tokens (default ``accepted + 1``: fewer when a request ends
-    mid-step) and its step time is draft + target + ``overhead_time``."""
-    drafted = k if drafted is None else drafted
+    """A record of a step that drafted ``num_draft_tokens`` (default ``k``) tokens and kept
+    ``accepted``; it emits ``emitted`` tokens (default ``accepted + 1``: fewer when a
+    request ends mid-step) and its step time is draft + target + ``overhead_time``."""
+    drafted = k if num_draft_tokens is None else num_draft_tokens
     if not 0 <= accepted <= drafted:
-        raise ValueError(f"need 0 <= accepted <= drafted, got {accepted}, {drafted}")
+        raise ValueError(f"need 0 <= accepted <= num_draft_tokens, got {accepted}, {drafted}")
     count = accepted + 1 if emitted is None else emitted
     return StepRecord(
         index=index,
         k=k,
-        drafted=drafted,
+        num_draft_tokens=drafted,
         accepted=accepted,
         emitted=tuple(range(10, 10 + count)),  # token ids do not matter to policies
         draft_time=draft_time,
@@ -75,18 +75,19 @@ def drive(
         raise ValueError("a script function needs a number of steps")
     trajectory = []
     for index in range(count):
-        k = policy.next_k()
+        plan = policy.plan()
+        k = plan.k
         entry = script[index] if isinstance(script, Sequence) else script(index, k)
         step = entry if isinstance(entry, ScriptedStep) else ScriptedStep(float(entry))
-        drafted = k if step.drafted is None else min(k, step.drafted)
+        drafted = k if step.num_draft_tokens is None else min(k, step.num_draft_tokens)
         record = fake_record(
             k,
             round(step.acceptance * drafted),
-            drafted=drafted,
+            num_draft_tokens=drafted,
             draft_time=step.draft_time_per_token * drafted,
             target_time=step.target_time,
             index=index,
-            fallback=policy.reason if k == 0 else None,
+            fallback=plan.reason if k == 0 else None,
         )
         policy.observe(record)
         trajectory.append(k)

@@ -1,6 +1,7 @@
 """``threshold``: the seed's checklist for K, with hysteresis.
 
-Rule: start at ``initial_k`` (4); when the acceptance rate (accepted / drafted) is above
+Rule: start at ``initial_k`` (4); when the acceptance rate (accepted / positions tested,
+``StepRecord.positions``: a chain's draft tokens, a tree's depth) is above
 ``raise_above`` (80%) K goes up by one, to ``max_k`` (8) at most; below ``lower_below``
 (60%) it goes down by one, to ``min_k`` (1) at least. When the sampling temperature is
 above ``hot_temperature`` (0.7) the policy is one step more conservative: it drafts
@@ -14,7 +15,7 @@ Hysteresis, so K does not oscillate:
 K therefore changes at most once every ``window + patience - 1`` speculative steps, and a
 sequence that alternates good and bad steps averages out inside the window.
 
-Note that accepted / drafted falls with K for a fixed per-token acceptance alpha (a
+Note that accepted / positions falls with K for a fixed per-token acceptance alpha (a
 rejection also discards the draft tokens after it): alpha = 0.8 gives 80% at K = 1 but
 59% at K = 4. The rule therefore settles on the K whose rate lies in the band, which is
 what the seed's checklist asks for; the ``cost`` policy models alpha directly.
@@ -25,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from spectune.control.base import PolicyState
+from spectune.control.base import PolicyState, StepPlan
 from spectune.errors import InvalidParameterError
 from spectune.records import MAX_K, StepRecord
 
@@ -73,22 +74,23 @@ class ThresholdK:
         self.offset = 1 if temperature > self.config.hot_temperature else 0
         self.window: deque[tuple[int, int]] = deque(
             maxlen=self.config.window
-        )  # (drafted, accepted)
+        )  # (positions, accepted)
         self.streak = 0  # > 0: consecutive votes to raise, < 0: to lower
         self.last_rate: float | None = None
 
-    def next_k(self) -> int:
-        return max(self.config.min_k, self.k - self.offset)
+    def plan(self) -> StepPlan:
+        # Never holds speculation off by itself (K >= min_k >= 1), so never a reason.
+        return StepPlan(max(self.config.min_k, self.k - self.offset))
 
     def observe(self, record: StepRecord) -> None:
-        if record.drafted == 0:
+        if record.num_draft_tokens == 0:
             return  # a plain (or empty-draft) step says nothing about acceptance
         cfg = self.config
         self.window.append((record.positions, record.accepted))
         if len(self.window) < cfg.window:
             return
-        drafted = sum(d for d, _ in self.window)
-        self.last_rate = sum(a for _, a in self.window) / drafted
+        positions = sum(p for p, _ in self.window)
+        self.last_rate = sum(a for _, a in self.window) / positions
         vote = (
             1 if self.last_rate > cfg.raise_above else -1 if self.last_rate < cfg.lower_below else 0
         )
@@ -104,10 +106,6 @@ class ThresholdK:
             if moved != self.k:
                 self.k = moved
                 self.window.clear()
-
-    @property
-    def reason(self) -> str | None:
-        return None  # never holds speculation off by itself (K >= min_k >= 1)
 
     def state(self) -> PolicyState:
         return {

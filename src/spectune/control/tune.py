@@ -166,7 +166,8 @@ def predict(workload: Workload, costs: StepCosts, spec: PolicySpec) -> Predictio
         position = 0
         while position < timeline.tokens:
             remaining = timeline.tokens - position
-            k = max(0, min(policy.next_k(), remaining - 1))  # as the engine clips it
+            plan = policy.plan()
+            k = max(0, min(plan.k, remaining - 1))  # as the engine clips it
             offered = timeline.offered(position, k) if k else 0
             run = timeline.accepted_run(position, offered, rates)
             emitted = min(run + 1, remaining)
@@ -174,13 +175,13 @@ def predict(workload: Workload, costs: StepCosts, spec: PolicySpec) -> Predictio
             record = fake_record(
                 k,
                 run,
-                drafted=offered,
+                num_draft_tokens=offered,
                 draft_time=draft_time,
                 target_time=target_time,
                 overhead_time=overhead,
                 emitted=emitted,
                 index=counts.steps,
-                fallback=policy.reason if k == 0 else None,
+                fallback=plan.reason if k == 0 else None,
             )
             policy.observe(record)
             counts.add(record)

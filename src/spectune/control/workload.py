@@ -131,11 +131,11 @@ def _outcomes(request: RecordedRequest) -> tuple[list[bool | None], list[int | N
         if step.tree_depth is not None:
             trees += 1
         elif step.k > 0 and position < tokens:
-            if step.drafted < step.k:
-                lengths[position] = step.drafted
+            if step.num_draft_tokens < step.k:
+                lengths[position] = step.num_draft_tokens
             for i in range(min(step.accepted, tokens - position)):
                 known[position + i] = True
-            if step.accepted < step.drafted and position + step.accepted < tokens:
+            if step.accepted < step.num_draft_tokens and position + step.accepted < tokens:
                 known[position + step.accepted] = False
         position += len(step.emitted)
     return known, lengths, trees
@@ -146,9 +146,9 @@ def _position_acceptance(requests: Sequence[RecordedRequest]) -> tuple[tuple[flo
     accepted = [0] * MAX_K
     for request in requests:
         for step in request.steps:
-            if step.tree_depth is not None or step.drafted == 0:
+            if step.tree_depth is not None or step.num_draft_tokens == 0:
                 continue
-            for i in range(min(step.drafted, step.accepted + 1, MAX_K)):
+            for i in range(min(step.num_draft_tokens, step.accepted + 1, MAX_K)):
                 reached[i] += 1
                 accepted[i] += i < step.accepted
     if not reached[0]:
@@ -251,7 +251,7 @@ def fit_costs(requests: Sequence[RecordedRequest], curve: CostCurve | None = Non
         by_size: dict[int, list[float]] = {}
         for s in steps:
             if s.verify_groups == 1 and s.target_time > 0:
-                by_size.setdefault(s.drafted + 1, []).append(s.target_time)
+                by_size.setdefault(s.num_draft_tokens + 1, []).append(s.target_time)
         if not by_size:
             raise InvalidParameterError("the traces record no target times")
         learned = LearnedCurve(smoothing=1.0, slope_prior=0.05)
@@ -273,7 +273,7 @@ def _draft_line(steps: Sequence[StepRecord]) -> tuple[float, float]:
     """Least-squares ``draft_time = fixed + per_token x drafted`` (both >= 0)."""
     if not steps:
         return 0.0, 0.0
-    xs = [float(s.drafted) for s in steps]
+    xs = [float(s.num_draft_tokens) for s in steps]
     ys = [s.draft_time for s in steps]
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
     var = sum((x - mean_x) ** 2 for x in xs)

@@ -60,19 +60,17 @@ from spectune.decode.step import (
     SequenceUpdate,
     request_generator,
 )
-from spectune.draft import Draft, Refusal, chain_parents, tree_layout
+from spectune.draft import Draft, Refusal, RefusalKind, chain_parents, tree_layout
 from spectune.drafters.base import DraftRequest, DraftSession, DraftSource, TargetFeatures
 from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
 from spectune.models.rows import RowsCache, forward_row, forward_rows
-from spectune.records import StopCondition, drafter_error
+from spectune.records import StopCondition
 from spectune.sampling import SamplingParams
 from spectune.verify.draft import verify_draft
 
 __all__ = ["BatchEngine", "SequenceUpdate"]
-
-DRAFT_DEADLINE = "draft_deadline"  # the fallback kind of a draft pass past its deadline
 
 
 def _logit_rows(logits: Tensor, start: int, end: int) -> Tensor:
@@ -227,12 +225,13 @@ class BatchEngine:
             if out.hidden is not None:
                 features = TargetFeatures(0, out.hidden[0])
         if self._drafter_late():
-            seq.drafter_failure = f"{DRAFT_DEADLINE}: the drafter is still in a late pass"
+            late = Refusal(RefusalKind.DRAFT_DEADLINE, "the drafter is still in a late pass")
+            seq.drafter_failure = late.reason
         elif self.drafter is not None:
             try:
                 self.drafter.add(row, prompt, features)
             except Exception as exc:  # a drafter that cannot start: decode this one plainly
-                seq.drafter_failure = drafter_error(exc)
+                seq.drafter_failure = Refusal.error(exc).reason
         self._rows.append(seq)
         self._by_id[request_id] = seq
 
@@ -304,12 +303,12 @@ class BatchEngine:
             except DeadlineExceeded as exc:
                 # Every sequence decodes plainly from now on: the late pass may still be
                 # changing the drafter's state of any row.
-                reason = f"{DRAFT_DEADLINE}: {exc}; no drafts for this request"
+                late = Refusal(RefusalKind.DRAFT_DEADLINE, f"{exc}; no drafts for this request")
                 for seq in seqs:
-                    seq.drafter_failure = seq.drafter_failure or reason
-                proposed = [Refusal(reason)] * len(requests)
+                    seq.drafter_failure = seq.drafter_failure or late.reason
+                proposed = [late] * len(requests)
             except Exception as exc:  # the whole pass failed: its sequences decode plainly
-                proposed = [Refusal(drafter_error(exc))] * len(requests)
+                proposed = [Refusal.error(exc)] * len(requests)
             for req, proposal in zip(requests, proposed, strict=True):
                 seqs[req.row].accept(steps[req.row], proposal)
             draft_time = time.perf_counter() - draft_start

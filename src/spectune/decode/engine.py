@@ -37,7 +37,6 @@ from spectune.records import (
     SpecCounts,
     StepRecord,
     StopCondition,
-    drafter_error,
 )
 from spectune.sampling import SamplingParams
 from spectune.verify.draft import Score, verify_draft
@@ -77,7 +76,7 @@ class SpeculativeEngine:
         self, target: LanguageModel, drafter: Drafter | None = None, *, verify_groups: int = 1
     ) -> None:
         """``verify_groups > 1`` verifies chain drafts group by group (``spectune.verify.grouped``);
-        a policy that implements ``GroupedVerification`` chooses per step instead."""
+        a policy whose ``StepPlan`` names groups chooses per step instead."""
         if verify_groups < 1:
             raise InvalidParameterError(f"verify_groups must be >= 1, got {verify_groups}")
         self.target = target
@@ -156,7 +155,7 @@ class SpeculativeEngine:
                         seq.context, step.k, params, generator
                     )
                 except Exception as exc:  # any drafter failure falls back to plain decoding
-                    proposal = Refusal(drafter_error(exc))
+                    proposal = Refusal.error(exc)
                 seq.accept(step, proposal)
                 step.draft_time = time.perf_counter() - draft_start
 

@@ -2,9 +2,9 @@
 
 A step of one sequence, in the loop's numbering (``spectune.decode.engine``):
 
-2. ``plan``: how many tokens to draft: the policy's K, clamped so the step never passes
-   ``max_tokens`` or the context (a step emits at most k + 1 tokens); 0 after the
-   drafter failed. The reason speculation is off, if it is.
+2. ``plan``: how many tokens to draft: the K of the policy's ``StepPlan``, clamped so the
+   step never passes ``max_tokens`` or the context (a step emits at most k + 1 tokens);
+   0 after the drafter failed. The reason speculation is off, if it is.
 3. ``accept``: what the drafter proposed, checked (``check_draft``) and cut to the room
    left (``fit_to_room``); a refusal or a failure becomes the step's fallback (a
    permanent one turns drafting off for the rest of the request).
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spectune.control.base import GroupedVerification, KPolicy
+from spectune.control.base import KPolicy, StepPlan
 from spectune.decode.step import (
     CHUNK_SLACK,
     check_draft,
@@ -38,7 +38,7 @@ from spectune.decode.step import (
 )
 from spectune.draft import Draft, Refusal, empty_draft
 from spectune.models.base import KVCache, ModelInfo
-from spectune.records import StepRecord, StopCondition, drafter_error
+from spectune.records import StepRecord, StopCondition
 from spectune.sampling import SamplingParams
 from spectune.verify.chain import VerifyResult
 
@@ -52,6 +52,7 @@ class Step:
     start: float  # perf_counter when the step began
     k: int  # draft tokens asked of the drafter (0: a plain step)
     fallback: str | None  # why speculation was off or cut short this step, if it was
+    plan: StepPlan  # the policy's answer, whose verification groups ``accept`` reads
     draft: Draft = field(default_factory=empty_draft)
     verify_groups: int = 1  # target passes the verification takes (a chain: >= 1)
     draft_time: float = 0.0
@@ -117,10 +118,11 @@ class SequenceState:
         """Step 2: K for this step (``drafting``: the engine has a drafter)."""
         remaining = self.params.max_tokens - len(self.output)
         room = self.capacity - len(self.context)  # slots left, the pending token's included
-        k = self.policy.next_k() if drafting and not self.drafter_failure else 0
+        plan = self.policy.plan()
+        k = plan.k if drafting and not self.drafter_failure else 0
         k = max(0, min(k, remaining - 1, room - 1))
-        reason = self.drafter_failure or (self.policy.reason if k == 0 else None)
-        return Step(start, k, reason)
+        reason = self.drafter_failure or (plan.reason if k == 0 else None)
+        return Step(start, k, reason, plan)
 
     def accept(self, step: Step, proposal: Draft | Refusal) -> None:
         """Step 3: the proposal checked and fitted becomes ``step.draft``; a refusal or a
@@ -134,18 +136,15 @@ class SequenceState:
         try:
             step.draft = fit_to_room(check_draft(proposal, step.k, self.vocab_size), room - 1)
         except Exception as exc:  # any unusable draft falls back to plain decoding
-            self.drafter_failure = step.fallback = drafter_error(exc)
+            self.drafter_failure = step.fallback = Refusal.error(exc).reason
             return
-        step.verify_groups = self._groups(step.draft)
+        step.verify_groups = self._groups(step.plan, step.draft)
 
-    def _groups(self, draft: Draft) -> int:
+    def _groups(self, plan: StepPlan, draft: Draft) -> int:
         if self.verify_groups is None or draft.parents is not None or len(draft) <= 1:
             return 1
-        policy = self.policy
-        choice = (
-            policy.verify_groups(len(draft)) if isinstance(policy, GroupedVerification) else None
-        )
-        return self.verify_groups if choice is None else max(1, int(choice))
+        choice = plan.groups_for(len(draft))
+        return self.verify_groups if choice is None else choice
 
     def settle(
         self,
@@ -171,7 +170,7 @@ class SequenceState:
         record = StepRecord(
             index=self.index,
             k=step.k,
-            drafted=len(step.draft),
+            num_draft_tokens=len(step.draft),
             accepted=result.num_accepted,
             emitted=tuple(emitted),
             draft_time=step.draft_time,

@@ -2,14 +2,13 @@
 
 from spectune.draft import Draft
 from spectune.drafters.base import Drafter, TargetFeatures
-from spectune.drafters.feature import FeatureDrafter
-from spectune.drafters.feature_tree import FeatureTreeDrafter
+from spectune.drafters.feature import FeatureDrafter, FeatureTreeDrafter
 from spectune.drafters.hybrid import HybridDrafter
-from spectune.drafters.model import ModelDrafter
+from spectune.drafters.model import ModelDrafter, TreeDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.scripted import FailingDrafter, ScriptedDrafter
 from spectune.drafters.suffix import SuffixDrafter
-from spectune.drafters.tree import TreeDrafter, TreeShape
+from spectune.drafters.tree import TreeShape
 
 __all__ = [
     "Draft",

@@ -12,6 +12,11 @@ the engine never reaches into a drafter. Two shapes:
   ``Drafter`` face is a one-row session (``OneRow``), so a sequence drafts the same
   tokens alone or batched. Simple drafters are lifted to sessions by one adapter
   (``spectune.drafters.batched.PerSequenceDrafters``).
+
+Optional faces a drafter may have, so that adding a drafter means implementing these
+protocols, never registering it anywhere: ``TreeSource`` (its token-tree form, what
+``--tree`` drafts with), ``Described`` (what it is, in words, for start-up lines) and
+``Renewable`` (a copy with its own per-request state, what the server gives each request).
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import torch
 from torch import Tensor
 
-from spectune.draft import Draft, Refusal
+from spectune.draft import MAX_TREE_NODES, Draft, Refusal
 from spectune.errors import DrafterError, InvalidParameterError
 from spectune.sampling import SamplingParams
 
 __all__ = [
+    "Described",
     "DraftRequest",
     "DraftSession",
     "DraftSource",
@@ -36,6 +42,9 @@ __all__ = [
     "RowDrafter",
     "SequenceScorer",
     "TargetFeatures",
+    "TreeShape",
+    "TreeSource",
+    "describe",
     "fresh_drafter",
     "propose_ready",
 ]
@@ -101,6 +110,52 @@ def fresh_drafter(drafter: Drafter) -> Drafter:
     if isinstance(drafter, Renewable):
         return drafter.fresh()
     raise InvalidParameterError(f"cannot copy a {type(drafter).__name__} drafter")
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How a token tree grows: children per expanded node, node budget, pruning threshold
+    (``spectune.drafters.tree``)."""
+
+    width: int = 2
+    nodes: int = 16
+    min_path_prob: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.width <= 8:
+            raise InvalidParameterError(f"tree width must be in [1, 8], got {self.width}")
+        if not 1 <= self.nodes <= MAX_TREE_NODES:
+            raise InvalidParameterError(
+                f"tree node budget must be in [1, {MAX_TREE_NODES}], got {self.nodes}"
+            )
+        if not 0.0 <= self.min_path_prob < 1.0:
+            raise InvalidParameterError("min_path_prob must be in [0, 1)")
+
+
+@runtime_checkable
+class TreeSource(Protocol):
+    """A drafter with a token-tree form (``spectune.drafters.pairing.tree_drafter_for``
+    checks the target's side; the drafter checks its own)."""
+
+    def tree(self, shape: TreeShape) -> Drafter:
+        """The tree-drafting form of this drafter, with its own per-request state;
+        ``InvalidParameterError`` where this drafter cannot draft trees."""
+        ...
+
+
+@runtime_checkable
+class Described(Protocol):
+    """A drafter that says what it is: kind, name, and how it covers the target's
+    vocabulary (the start-up line of ``generate`` and ``serve``)."""
+
+    def describe(self) -> str: ...
+
+
+def describe(drafter: Drafter) -> str:
+    """What drafts, in words: its own ``describe``, else its name and class."""
+    if isinstance(drafter, Described):
+        return drafter.describe()
+    return f"{drafter.name} ({type(drafter).__name__})"
 
 
 @runtime_checkable
@@ -235,8 +290,8 @@ class OneRow(Generic[S]):
         self.join(context)
         request = DraftRequest(0, context, num_tokens, params, generator)
         answer = self.session.propose([request], 1)[0]
-        if isinstance(answer, Refusal):  # the engine prefixes "drafter_error: " again
-            raise DrafterError(answer.reason.removeprefix("drafter_error: "))
+        if isinstance(answer, Refusal):  # the engine makes it a drafter_error reason
+            raise DrafterError(answer.kind.value if answer.detail is None else answer.detail)
         return answer
 
 

@@ -4,18 +4,18 @@ N-gram lookup and the test doubles need no batching: ``PerRow(factory)`` is the 
 adapter that makes any ``Drafter`` a ``DraftSource``; its sessions
 (``PerSequenceDrafters``) give each row its own drafter and propose row after row.
 Learned drafters are sources of their own (``spectune.drafters.model``,
-``spectune.drafters.feature``).
+``spectune.drafters.feature``); ``batch_source`` picks between the two.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from spectune.draft import Draft, Refusal
-from spectune.drafters.base import Drafter, DraftRequest, TargetFeatures
-from spectune.records import drafter_error
+from spectune.drafters.base import Drafter, DraftRequest, DraftSource, TargetFeatures, fresh_drafter
 
-__all__ = ["PerRow", "PerSequenceDrafters"]
+__all__ = ["PerRow", "PerSequenceDrafters", "batch_source"]
 
 
 class PerRow:
@@ -56,15 +56,24 @@ class PerSequenceDrafters:
         for req in requests:
             drafter = self.drafters[req.row]
             if drafter is None:
-                drafts.append(Refusal("drafter_error: no drafter for this row"))
+                drafts.append(Refusal.error("no drafter for this row"))
                 continue
             try:
                 drafts.append(drafter.propose(req.context, req.k, req.params, req.generator))
             except Exception as exc:  # one sequence's drafter failing never fails the batch
-                drafts.append(Refusal(drafter_error(exc)))
+                drafts.append(Refusal.error(exc))
         return drafts
 
     def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
         drafter = self.drafters[row]
         if drafter is not None:
             drafter.commit(context, features)
+
+
+def batch_source(drafter: Drafter) -> DraftSource:
+    """What a batched engine opens a session from for ``drafter``: the drafter itself where
+    it is a source (a learned drafter, written for rows), else ``PerRow`` copies of it
+    (``fresh_drafter``: ``InvalidParameterError`` for a drafter that cannot copy itself)."""
+    if isinstance(drafter, DraftSource):
+        return drafter
+    return PerRow(partial(fresh_drafter, drafter))

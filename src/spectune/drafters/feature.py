@@ -14,7 +14,22 @@ Written once, for rows (as the model drafter, ``spectune.drafters.model``):
 engine's rows, drafting every requesting row in one head forward per draft step.
 ``FeatureDrafter``'s own ``Drafter`` methods drive a one-row session
 (``spectune.drafters.base.OneRow``), so a sequence drafts the same tokens alone or in a
-batch; the tree drafter (``spectune.drafters.feature_tree``) grows from the same row.
+batch.
+
+Token trees (EAGLE-2's setting: Li et al. 2024): ``tree(shape)`` gives a
+``FeatureTreeDrafter``, below. The tree grows exactly as a model's does
+(``spectune.drafters.tree``); only scoring differs. A node's head input is its token plus
+the head output of its parent (the root's parent output is the head's estimate of the
+target state at the last committed position, ``FeatureSession.sync``), so a node can be
+scored once its parent has been. One head forward scores the nodes to expand next together
+with their ancestors, under the same tree mask and positions a target uses (the head's
+slot s holds position s + 1, so the root sits at the last real-state slot).
+
+Compaction: none, on purpose. The head's slots past the real-state ones were computed from
+its own estimates; once the target has verified the accepted path, its real states are
+known and the next ``sync`` recomputes those slots from them (what EAGLE does too), which
+is more accurate than keeping the estimates. The target's cache is still compacted by the
+engine.
 
 Head cache: slot s holds position s + 1. Slots computed from the head's own outputs (draft
 positions) are never kept across proposals: the next proposal rolls the row back to the
@@ -36,9 +51,17 @@ import torch
 from torch import Tensor
 
 from spectune.draft import CONTEXT_FULL, Draft, Refusal
-from spectune.drafters.base import DraftRequest, OneRow, RowDrafter, TargetFeatures, propose_ready
+from spectune.drafters.base import (
+    DraftRequest,
+    OneRow,
+    RowDrafter,
+    TargetFeatures,
+    TreeShape,
+    propose_ready,
+)
 from spectune.drafters.model import choose_token, common_prefix
-from spectune.drafters.reduced import scatter_to_vocab
+from spectune.drafters.reduced import scatter_to_vocab, vocab_coverage
+from spectune.drafters.tree import GrowingTree, TreeGrower, chunk_layout
 from spectune.errors import DrafterError
 from spectune.models.base import KVCache
 from spectune.models.feature_head import FeatureHead
@@ -46,7 +69,7 @@ from spectune.models.kv_cache import StaticKVCache
 from spectune.models.rows import ragged_forward, row_view
 from spectune.sampling import SamplingParams, process_logits
 
-__all__ = ["FeatureDrafter", "FeatureSession"]
+__all__ = ["FeatureDrafter", "FeatureSession", "FeatureTreeDrafter"]
 
 NEEDS_STATES = "the feature drafter needs the target's hidden states"
 
@@ -78,6 +101,13 @@ class FeatureDrafter(RowDrafter):
     def fresh(self) -> FeatureDrafter:
         """The same head, vocabulary and name; its own (empty) per-request state."""
         return FeatureDrafter(self.head, self.vocab_subset, name=self.name)
+
+    def tree(self, shape: TreeShape) -> FeatureTreeDrafter:
+        """The token-tree form: the same head growing trees of ``shape``."""
+        return FeatureTreeDrafter(self, shape)
+
+    def describe(self) -> str:
+        return f"{self.name} (feature head{vocab_coverage(self.vocab_subset)})"
 
     def full_vocab(self, probs: Tensor) -> Tensor:
         """[..., num_draft_tokens] -> [..., vocab]: zeros outside a reduced vocabulary."""
@@ -179,7 +209,7 @@ class FeatureSession:
             if length + req.k > self.limit:
                 return CONTEXT_FULL
             if self.known[req.row] < length - 1:
-                return Refusal(f"drafter_error: {NEEDS_STATES}")
+                return Refusal.error(NEEDS_STATES)
             return None
 
         return propose_ready(requests, refuse, lambda ready: self._draft(ready, num_rows))
@@ -202,6 +232,34 @@ class FeatureSession:
             chunk_mask=chunk_mask,
         )
         return features
+
+    @torch.inference_mode()
+    def root(self, row: int, context: Sequence[int]) -> Tensor:
+        """[hidden]: ``row`` brought to ``context`` from real target states (``sync``), and
+        the head output at its last position (a tree's root); ``DrafterError`` where the
+        target states are missing."""
+        if self.known[row] < len(context) - 1:
+            raise DrafterError(NEEDS_STATES)
+        return self.sync({row: context}, row + 1)[row]
+
+    def draft_start(self, row: int) -> int:
+        """The slot where ``row``'s draft positions begin: after its real-state slots."""
+        return len(self.slot_tokens[row])
+
+    @torch.inference_mode()
+    def forward_drafts(
+        self,
+        row: int,
+        tokens: Tensor,  # [1, m] draft nodes
+        prev: Tensor,  # [1, m, hidden] each node's parent's head output
+        positions: Tensor,  # [1, m]
+        chunk_mask: Tensor,  # [1, m, m]
+    ) -> Tensor:
+        """The head over draft nodes written from ``draft_start(row)`` (what was drafted
+        there before is dropped) -> features [1, m, hidden]."""
+        self.cache.truncate(self.draft_start(row), row)
+        with row_view(self.cache, row, row + 1) as view:
+            return self.forward(tokens, prev, view, positions, chunk_mask)
 
     @torch.inference_mode()
     def sync(self, contexts: dict[int, Sequence[int]], num_rows: int) -> dict[int, Tensor]:
@@ -269,3 +327,76 @@ class FeatureSession:
         return [
             Draft(torch.stack(tokens[r.row]).long(), torch.stack(probs[r.row])) for r in requests
         ]
+
+
+class FeatureTreeDrafter:
+    """Drafts a token tree with a ``FeatureDrafter``'s head (the module docstring), the tree
+    form of that drafter: its own one-row session, driven through the session's tree verbs
+    (``root``, ``draft_start``, ``forward_drafts``). It scores nodes (``NodeScorer``) for
+    a ``TreeGrower``, which grows the tree."""
+
+    def __init__(
+        self, drafter: FeatureDrafter, shape: TreeShape | None = None, *, name: str | None = None
+    ) -> None:
+        self.source = drafter
+        self.grower = TreeGrower(shape or TreeShape(), drafter.vocab_size)
+        self.shape = self.grower.shape
+        self.name = name or f"tree:{drafter.name}:w{self.shape.width}n{self.shape.nodes}"
+        self.row: OneRow[FeatureSession] = OneRow(lambda: drafter.open(1))
+        self._last: GrowingTree | None = None  # the last tree grown
+        self._root_features: Tensor | None = None  # [hidden]
+        self._node_features: dict[int, Tensor] = {}  # node -> [hidden] head output
+
+    def describe(self) -> str:
+        coverage = vocab_coverage(self.source.vocab_subset)
+        return self.grower.describe(self.name, "feature-head", coverage)
+
+    def reset(self) -> None:
+        self.row.reset()
+        self._last = None
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        context: Sequence[int],
+        num_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        self._node_features = {}
+        if len(context) < 2:  # position 0 has no head input: nothing to draft from yet
+            num_tokens = 0
+        self._last = None
+        draft, self._last = self.grower.grow(self, context, num_tokens, params, generator)
+        return draft
+
+    def root_logits(self, context: Sequence[int]) -> Tensor:
+        self.row.join(context)
+        self._root_features = self.row.session.root(0, context)
+        return self.source.vocab_logits(self._root_features)
+
+    def _parent_features(self, tree: GrowingTree, node: int) -> Tensor:
+        parent = tree.parents[node]
+        if parent < 0:
+            assert self._root_features is not None
+            return self._root_features
+        return self._node_features[parent]
+
+    def score_nodes(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
+        session = self.row.session
+        # The root sits at the last real-state slot (slot s holds position s + 1).
+        chunk, positions, mask = chunk_layout(tree, nodes, session.draft_start(0) - 1)
+        tokens = torch.tensor([[tree.tokens[n] for n in chunk]])  # [1, m]
+        prev = torch.stack([self._parent_features(tree, n) for n in chunk])[None]  # [1, m, h]
+        features = session.forward_drafts(0, tokens, prev, positions, mask)  # [1, m, h]
+        for i, node in enumerate(chunk):
+            self._node_features[node] = features[0, i]
+        tree.chunk = chunk
+        # The output rows only for the nodes asked about (the vocabulary matmul dominates).
+        return self.source.vocab_logits(features[0, [chunk.index(n) for n in nodes]])
+
+    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
+        """Keep the target states of the accepted path; no draft-cache compaction (see the
+        module docstring)."""
+        self._last = None
+        self.row.commit(context, features)

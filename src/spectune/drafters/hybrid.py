@@ -81,9 +81,9 @@ from dataclasses import dataclass, field
 import torch
 
 from spectune.draft import MAX_TREE_NODES, Draft, tree_depths
-from spectune.drafters.base import Drafter, TargetFeatures, fresh_drafter
+from spectune.drafters.base import Drafter, TargetFeatures, TreeShape, describe, fresh_drafter
 from spectune.drafters.suffix import SuffixDrafter
-from spectune.drafters.suffix_index import breadth_first
+from spectune.drafters.suffix_index import HistoryStore, breadth_first
 from spectune.errors import InvalidParameterError
 from spectune.records import MAX_K
 from spectune.sampling import SamplingParams
@@ -291,6 +291,22 @@ class HybridDrafter:
     def fresh(self) -> HybridDrafter:
         """A copy for a new request: fresh copies of both sources, this one's statistics."""
         return self.with_sources(self.suffix.fresh(), fresh_drafter(self.model))
+
+    def with_history(self, history: HistoryStore | None) -> HybridDrafter:
+        """This hybrid with its suffix source over ``history`` (a server's store)."""
+        return self.with_sources(suffix=self.suffix.with_history(history))
+
+    def tree(self, shape: TreeShape) -> HybridDrafter:
+        """The token-tree form: the suffix source drafts trees of ``shape`` (the model
+        source stays a chain), with statistics of its own (a tree's acceptance is not the
+        chain's it was made from)."""
+        return self.with_sources(
+            suffix=self.suffix.tree(shape), stats=SourceStats(self.stats.decay)
+        )
+
+    def describe(self) -> str:
+        merged = "; at T = 0 both as one tree" if self.merge_greedy else ""
+        return f"{self.name} (suffix lookup or {describe(self.model)}, per step{merged})"
 
     def with_sources(
         self,

@@ -7,8 +7,9 @@ the committed context (a rejection rolls the row back to it), ingests the rest, 
 k tokens, the k-th not ingested (if it is accepted it is ingested at the start of the next
 proposal, together with the target's bonus token). ``ModelDrafter``'s own ``Drafter``
 methods drive a one-row session (``spectune.drafters.base.OneRow``), so a sequence drafts
-the same tokens alone or in a batch; the tree drafter (``spectune.drafters.tree``) keeps its
-cache in step through a one-row session too.
+the same tokens alone or in a batch. Its tree form (``tree(shape)``: ``TreeDrafter``, below;
+the growth is ``spectune.drafters.tree``'s) keeps its cache in step through a one-row
+session too.
 
 Ragged rows: rows need different numbers of tokens, so a chunk is padded after each row's
 real tokens and every row is truncated back to its own length afterwards. Causal
@@ -28,14 +29,22 @@ import torch
 from torch import Tensor
 
 from spectune.draft import CONTEXT_FULL, Draft, Refusal
-from spectune.drafters.base import DraftRequest, OneRow, RowDrafter, TargetFeatures, propose_ready
-from spectune.drafters.reduced import scatter_to_vocab
+from spectune.drafters.base import (
+    DraftRequest,
+    OneRow,
+    RowDrafter,
+    TargetFeatures,
+    TreeShape,
+    propose_ready,
+)
+from spectune.drafters.reduced import scatter_to_vocab, vocab_coverage
+from spectune.drafters.tree import GrowingTree, TreeGrower, chunk_layout
 from spectune.errors import InvalidParameterError
-from spectune.models.base import LanguageModel
-from spectune.models.rows import RowsCache, forward_row, ragged_forward
+from spectune.models.base import LanguageModel, takes_tree_masks
+from spectune.models.rows import RowsCache, forward_row, ragged_forward, row_view
 from spectune.sampling import SamplingParams, process_logits, sample_from
 
-__all__ = ["ModelDrafter", "ModelSession", "choose_token", "common_prefix"]
+__all__ = ["ModelDrafter", "ModelSession", "TreeDrafter", "choose_token", "common_prefix"]
 
 
 def choose_token(
@@ -79,6 +88,18 @@ class ModelDrafter(RowDrafter):
     def fresh(self) -> ModelDrafter:
         """The same model, vocabulary and name; its own (empty) per-request state."""
         return ModelDrafter(self.model, name=self.name, vocab_subset=self.vocab_subset)
+
+    def tree(self, shape: TreeShape) -> TreeDrafter:
+        """The token-tree form: the same model growing trees of ``shape``."""
+        if not takes_tree_masks(self.model) or self.vocab_subset is not None:
+            raise InvalidParameterError(
+                "token trees need a full-vocabulary draft model that takes tree attention "
+                "masks (--runtime native)"
+            )
+        return TreeDrafter(self.model, shape)
+
+    def describe(self) -> str:
+        return f"{self.name} (draft model{vocab_coverage(self.vocab_subset, self.model)})"
 
     @torch.inference_mode()
     def score_sequence(
@@ -147,6 +168,37 @@ class ModelSession:
 
         return propose_ready(requests, refuse, lambda ready: self._draft(ready, num_rows))
 
+    def forward_drafts(
+        self,
+        row: int,
+        tokens: Tensor,  # [1, m] draft nodes
+        start: int,  # the slot of tokens[0, 0]: the row is rolled back to it first
+        positions: Tensor,  # [1, m]
+        chunk_mask: Tensor,  # [1, m, m]
+    ) -> Tensor:
+        """The draft model over draft nodes written from slot ``start`` of ``row`` (what was
+        drafted there before is dropped) -> logits [1, m, vocab]."""
+        self.cache.truncate(start, row)
+        with row_view(self.cache, row, row + 1) as view:
+            return self.model.forward(
+                tokens, view, positions=positions, chunk_mask=chunk_mask
+            ).logits
+
+    def keep_drafted(self, row: int, context: Sequence[int], start: int, slots: list[int]) -> None:
+        """``row`` keeps the draft entries at ``slots`` (their tokens: ``context[start:]``'s
+        first ``len(slots)``) compacted to ``start`` onward, and drops everything after."""
+        cache = self.cache
+        if not slots:
+            cache.truncate(min(cache.length(row), start), row)
+            return
+        cache.move_slots(row, torch.tensor(slots, dtype=torch.long), start)
+        cache.truncate(start + len(slots), row)
+        self.ingested[row] = list(context[: start + len(slots)])
+
+    def holds(self, row: int, tokens: Sequence[int]) -> bool:
+        """Whether ``row``'s cache begins with ``tokens``."""
+        return self.ingested[row][: len(tokens)] == list(tokens)
+
     def sync(self, contexts: dict[int, Sequence[int]], num_rows: int) -> dict[int, Tensor]:
         """Bring each row to its context; returns row -> next-token logits [vocab].
 
@@ -207,3 +259,75 @@ class ModelSession:
                 self.ingested[req.row].append(int(tokens[req.row][-1]))
                 logits[req.row] = out.logits[req.row, 0]
         return [Draft(torch.stack(tokens[r.row]), torch.stack(probs[r.row])) for r in requests]
+
+
+class TreeDrafter:
+    """Drafts a token tree with a draft model (``spectune.drafters.tree``), the tree form of
+    ``ModelDrafter``; its cache is kept in step with the context by a one-row
+    ``ModelSession``, as the chain drafter's is. It scores nodes (``NodeScorer``) for a
+    ``TreeGrower``, which grows the tree."""
+
+    def __init__(
+        self, model: LanguageModel, shape: TreeShape | None = None, *, name: str | None = None
+    ) -> None:
+        self.model = model
+        self.grower = TreeGrower(shape or TreeShape(), model.info.vocab_size)
+        self.shape = self.grower.shape
+        self.name = name or f"tree:{model.info.name}:w{self.shape.width}n{self.shape.nodes}"
+        self.row: OneRow[ModelSession] = OneRow(lambda: ModelDrafter(model).open(1))
+        self._last: GrowingTree | None = None  # the last tree grown, for compaction
+
+    def describe(self) -> str:
+        return self.grower.describe(self.name, "draft-model", vocab_coverage(None, self.model))
+
+    def reset(self) -> None:
+        self.row.reset()
+        self._last = None
+
+    def propose(
+        self,
+        context: Sequence[int],
+        num_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        self._last = None
+        draft, self._last = self.grower.grow(self, context, num_tokens, params, generator)
+        return draft
+
+    def root_logits(self, context: Sequence[int]) -> Tensor:
+        self.row.join(context)
+        return self.row.session.sync({0: context}, 1)[0]
+
+    def score_nodes(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
+        """One forward over ``nodes`` and their ancestors under the tree mask."""
+        chunk, positions, mask = chunk_layout(tree, nodes, tree.prefix - 1)
+        tokens = torch.tensor([[tree.tokens[n] for n in chunk]])  # [1, m]
+        logits = self.row.session.forward_drafts(0, tokens, tree.prefix, positions, mask)
+        tree.chunk = chunk
+        return logits[0, [chunk.index(n) for n in nodes]]
+
+    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
+        """Compact the accepted path's draft entries from the last forward into place."""
+        last, self._last = self._last, None
+        if not self.row.joined:
+            self.row.join(context, features)
+        session = self.row.session
+        if last is None or not session.holds(0, context[: last.prefix]):
+            return
+        slot_of = {node: last.prefix + i for i, node in enumerate(last.chunk)}
+        current, slots = -1, []
+        for token in context[last.prefix :]:
+            child = next(
+                (
+                    i
+                    for i, (t, p) in enumerate(zip(last.tokens, last.parents, strict=True))
+                    if p == current and t == token
+                ),
+                None,
+            )
+            if child is None or child not in slot_of:
+                break
+            slots.append(slot_of[child])
+            current = child
+        session.keep_drafted(0, context, last.prefix, slots)

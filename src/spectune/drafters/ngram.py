@@ -32,6 +32,9 @@ class NgramDrafter:
         """A copy with the same n-gram sizes (it keeps no state anyway)."""
         return NgramDrafter(max_ngram=self.max_ngram, min_ngram=self.min_ngram)
 
+    def describe(self) -> str:
+        return "ngram (prompt lookup)"
+
     def reset(self) -> None:
         """Stateless: every proposal searches the context afresh."""
 

@@ -24,10 +24,8 @@ from pathlib import Path
 
 import torch
 
-from spectune.drafters.base import Drafter, fresh_drafter
-from spectune.drafters.feature import FeatureDrafter
-from spectune.drafters.feature_tree import FeatureTreeDrafter
-from spectune.drafters.hybrid import HybridDrafter, SourceStats
+from spectune.drafters.base import Drafter, TreeShape, TreeSource, describe, fresh_drafter
+from spectune.drafters.hybrid import HybridDrafter
 from spectune.drafters.loading import (
     DraftMeta,
     feature_drafter_from_folder,
@@ -37,9 +35,8 @@ from spectune.drafters.loading import (
 )
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
-from spectune.drafters.suffix import SuffixDrafter
+from spectune.drafters.suffix import HistoryUser, SuffixDrafter
 from spectune.drafters.suffix_index import HistoryStore, SuffixIndex, tokenizer_fingerprint
-from spectune.drafters.tree import TreeDrafter, TreeShape
 from spectune.errors import (
     IncompatibleModelsError,
     InvalidParameterError,
@@ -266,6 +263,8 @@ def load_drafter(
         suffix = load_suffix_drafter(suffix_spec.partition(":")[2], target)
         if not plus:
             return suffix
+        if model_spec == "none" or is_suffix_spec(model_spec):
+            raise InvalidParameterError(f"'{spec}': after '+' comes a draft model or 'ngram'")
         other = load_drafter(
             model_spec,
             target,
@@ -274,7 +273,7 @@ def load_drafter(
             allow_missing_weights=allow_missing_weights,
             trust_draft_vocab=trust_draft_vocab,
         )
-        if other is None or isinstance(other, SuffixDrafter | HybridDrafter):
+        if other is None:
             raise InvalidParameterError(f"'{spec}': after '+' comes a draft model or 'ngram'")
         return HybridDrafter(suffix, other, merge_greedy=takes_tree_masks(target.model))
     path = resolve_model_path(spec)
@@ -337,44 +336,26 @@ def load_suffix_drafter(index: str, target: Loaded) -> SuffixDrafter:
 
 
 def with_history(drafter: Drafter | None, history: HistoryStore | None) -> Drafter | None:
-    """A suffix or hybrid drafter that also drafts from (and files outputs in) ``history``,
-    a server's store of earlier outputs; other drafters as they are."""
-    if isinstance(drafter, SuffixDrafter):
-        return drafter.with_history(history)
-    if isinstance(drafter, HybridDrafter):
-        return drafter.with_sources(suffix=drafter.suffix.with_history(history))
-    return drafter
+    """A drafter that also drafts from (and files outputs in) ``history``, a server's store
+    of earlier outputs, where it can (suffix and hybrid drafting); others as they are."""
+    return drafter.with_history(history) if isinstance(drafter, HistoryUser) else drafter
 
 
 def tree_drafter_for(drafter: Drafter | None, target: LanguageModel, shape: TreeShape) -> Drafter:
-    """The tree-drafting form of a chain drafter: a draft model's or a feature head's; a
-    suffix drafter's tree of its top continuations (``shape.width`` children per node,
-    ``shape.nodes`` nodes; its own ``min_prob`` prunes, as the stricter of it and
-    ``shape.min_path_prob``), alone or as the suffix source of a hybrid.
+    """The tree-drafting form of a chain drafter (its ``tree(shape)``: a draft model's, a
+    feature head's, a suffix drafter's tree of its top continuations, alone or as the
+    suffix source of a hybrid).
 
-    Target and draft model must take tree attention masks (``takes_tree_masks``: the native
-    runtime, or a full-attention model through transformers); a feature head always does.
+    The target must take tree attention masks (``takes_tree_masks``: the native runtime, or
+    a full-attention model through transformers); the drafter checks its own side.
     """
     if not takes_tree_masks(target):
         raise InvalidParameterError(
             f"token trees: {target.info.name} cannot take a tree attention mask in this "
             "runtime (--runtime native can)"
         )
-    if isinstance(drafter, SuffixDrafter):
-        return drafter.with_tree(shape.width, shape.nodes, shape.min_path_prob)
-    if isinstance(drafter, HybridDrafter):
-        suffix = drafter.suffix.with_tree(shape.width, shape.nodes, shape.min_path_prob)
-        # its own statistics: a tree's acceptance is not the chain's it was made from
-        return drafter.with_sources(suffix=suffix, stats=SourceStats(drafter.stats.decay))
-    if isinstance(drafter, FeatureDrafter):
-        return FeatureTreeDrafter(drafter, shape)
-    if isinstance(drafter, ModelDrafter):
-        if not takes_tree_masks(drafter.model) or drafter.vocab_subset is not None:
-            raise InvalidParameterError(
-                "token trees need a full-vocabulary draft model that takes tree attention "
-                "masks (--runtime native)"
-            )
-        return TreeDrafter(drafter.model, shape)
+    if isinstance(drafter, TreeSource):
+        return drafter.tree(shape)
     raise InvalidParameterError(
         "token trees need a draft model, a feature-head draft, or suffix drafting"
     )
@@ -382,45 +363,5 @@ def tree_drafter_for(drafter: Drafter | None, target: LanguageModel, shape: Tree
 
 def drafter_summary(drafter: Drafter | None) -> str:
     """What really drafts, in words: kind, name, and how it covers the target's vocabulary
-    (the start-up line of ``generate`` and ``serve``)."""
-    if drafter is None:
-        return "none (plain decoding)"
-    if isinstance(drafter, NgramDrafter):
-        return "ngram (prompt lookup)"
-    if isinstance(drafter, SuffixDrafter):
-        index = drafter.index
-        corpus = "no corpus" if index is None else f"{index.header.tokens} corpus tokens"
-        return f"{drafter.name} (suffix lookup, {corpus})"
-    if isinstance(drafter, HybridDrafter):
-        merged = "; at T = 0 both as one tree" if drafter.merge_greedy else ""
-        return (
-            f"{drafter.name} (suffix lookup or {drafter_summary(drafter.model)}, per step{merged})"
-        )
-    if isinstance(drafter, FeatureTreeDrafter | TreeDrafter):
-        shape = drafter.shape
-        inner = drafter.drafter if isinstance(drafter, FeatureTreeDrafter) else drafter.model
-        kind = "feature-head" if isinstance(drafter, FeatureTreeDrafter) else "draft-model"
-        return (
-            f"{drafter.name} ({kind} token tree, width {shape.width}, {shape.nodes} nodes"
-            f"{_coverage(inner)})"
-        )
-    if isinstance(drafter, FeatureDrafter):
-        return f"{drafter.name} (feature head{_coverage(drafter)})"
-    if isinstance(drafter, ModelDrafter):
-        return f"{drafter.name} (draft model{_coverage(drafter)})"
-    return f"{drafter.name} ({type(drafter).__name__})"
-
-
-def _coverage(drafter: LanguageModel | FeatureDrafter | ModelDrafter) -> str:
-    """How a drafter covers the target's vocabulary, as a clause ('' for all of it)."""
-    subset = getattr(drafter, "vocab_subset", None)
-    if subset is not None:
-        return f", reduced vocabulary of {subset.numel()} tokens"
-    model = drafter.model if isinstance(drafter, ModelDrafter) else drafter
-    if isinstance(model, TargetVocabModel):
-        own, target = model.draft_vocab_size, model.info.vocab_size
-        return (
-            f", drafting over the {min(own, target)} token ids shared by its vocabulary "
-            f"({own}) and the target's ({target})"
-        )
-    return ""
+    (the start-up line of ``generate`` and ``serve``; ``spectune.drafters.base.describe``)."""
+    return "none (plain decoding)" if drafter is None else describe(drafter)

@@ -15,7 +15,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["scatter_to_vocab", "top_token_subset"]
+from spectune.models.base import LanguageModel
+from spectune.models.vocab import TargetVocabModel
+
+__all__ = ["scatter_to_vocab", "top_token_subset", "vocab_coverage"]
 
 
 def scatter_to_vocab(
@@ -40,3 +43,18 @@ def top_token_subset(counts: Tensor, size: int, always: list[int]) -> Tensor:
     boosted[always] = float("inf")  # special tokens must stay draftable
     chosen = boosted.topk(size).indices
     return torch.sort(chosen).values
+
+
+def vocab_coverage(subset: Tensor | None, model: LanguageModel | None = None) -> str:
+    """How a drafter covers the target's vocabulary, as a clause ('' for all of it): a
+    reduced vocabulary (``subset``, [num_draft_tokens]), or a draft ``model`` whose own
+    vocabulary differs from the target's (``TargetVocabModel``)."""
+    if subset is not None:
+        return f", reduced vocabulary of {subset.numel()} tokens"
+    if isinstance(model, TargetVocabModel):
+        own, target = model.draft_vocab_size, model.info.vocab_size
+        return (
+            f", drafting over the {min(own, target)} token ids shared by its vocabulary "
+            f"({own}) and the target's ({target})"
+        )
+    return ""

@@ -10,11 +10,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from spectune.draft import Draft
-from spectune.drafters.base import Drafter, TargetFeatures
+from spectune.draft import Draft, Refusal
+from spectune.drafters.base import Drafter, DraftRequest, TargetFeatures
 from spectune.sampling import SamplingParams
 
-__all__ = ["FailingDrafter", "ScriptedDrafter"]
+__all__ = ["FailingDrafter", "ScriptedDrafter", "ScriptedSession"]
 
 
 class ScriptedDrafter:
@@ -59,6 +59,34 @@ class ScriptedDrafter:
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         self.commits += 1
+
+
+class ScriptedSession:
+    """A ``DraftSession`` whose answer to each request is ``answer(request)`` (a draft or a
+    refusal); it keeps no per-row state and counts the rows it was told about."""
+
+    def __init__(
+        self, answer: Callable[[DraftRequest], Draft | Refusal], *, name: str = "scripted"
+    ) -> None:
+        self.answer = answer
+        self.name = name
+        self.rows: set[int] = set()
+
+    def add(self, row: int, prompt: Sequence[int], features: TargetFeatures | None) -> None:
+        self.rows.add(row)
+
+    def move(self, src: int, dst: int) -> None:
+        self.rows.discard(src)
+        self.rows.add(dst)
+
+    def free(self, row: int) -> None:
+        self.rows.discard(row)
+
+    def propose(self, requests: Sequence[DraftRequest], num_rows: int) -> list[Draft | Refusal]:
+        return [self.answer(request) for request in requests]
+
+    def commit(self, row: int, context: Sequence[int], features: TargetFeatures | None) -> None:
+        """Nothing to keep."""
 
 
 class FailingDrafter:

@@ -43,12 +43,13 @@ import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from spectune.draft import MAX_TREE_NODES, Draft
-from spectune.drafters.base import TargetFeatures
+from spectune.drafters.base import Drafter, TargetFeatures, TreeShape
 from spectune.drafters.suffix_index import (
     SEP,
     HistoryStore,
@@ -62,7 +63,7 @@ from spectune.drafters.suffix_index import (
 from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams
 
-__all__ = ["SuffixDrafter", "SuffixProposal", "SuffixSettings"]
+__all__ = ["HistoryUser", "SuffixDrafter", "SuffixProposal", "SuffixSettings"]
 
 _keys = itertools.count()  # history keys: one per request drafted
 
@@ -188,6 +189,14 @@ def _file_output(history: HistoryStore, request: _Request) -> None:
         history.add(request.key, request.output())
 
 
+@runtime_checkable
+class HistoryUser(Protocol):
+    """A drafter that can draft from (and file its outputs in) a server's store of earlier
+    outputs (suffix drafting, and a hybrid through its suffix source)."""
+
+    def with_history(self, history: HistoryStore | None) -> Drafter: ...
+
+
 class SuffixDrafter:
     """Drafts the most frequent continuation of the context's longest match (module doc).
 
@@ -226,6 +235,14 @@ class SuffixDrafter:
     def with_history(self, history: HistoryStore | None) -> SuffixDrafter:
         """This drafter's index and settings over ``history`` (a server's store)."""
         return SuffixDrafter(self.index, history, self.settings, name=self.name)
+
+    def tree(self, shape: TreeShape) -> SuffixDrafter:
+        """The token-tree form (``with_tree`` at ``shape``)."""
+        return self.with_tree(shape.width, shape.nodes, shape.min_path_prob)
+
+    def describe(self) -> str:
+        corpus = "no corpus" if self.index is None else f"{self.index.header.tokens} corpus tokens"
+        return f"{self.name} (suffix lookup, {corpus})"
 
     def with_tree(self, width: int, nodes: int, min_prob: float = 0.0) -> SuffixDrafter:
         """This drafter proposing trees of ``width`` children per node and ``nodes`` nodes

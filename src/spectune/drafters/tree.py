@@ -1,4 +1,9 @@
-"""Tree drafter: a draft model expands a token tree instead of a chain.
+"""Growing token trees: how a drafter expands a tree instead of a chain.
+
+The growth below is shared; what scores a node is the drafter's own: a draft model's
+(``spectune.drafters.model.TreeDrafter``) or a feature head's
+(``spectune.drafters.feature.FeatureTreeDrafter``), each the ``tree(shape)`` form of its
+chain drafter.
 
 Children of a node are the top-``width`` tokens by draft probability at temperature 0,
 and ``width`` draws *without replacement* from the processed draft distribution when
@@ -30,40 +35,18 @@ same probabilities, same random numbers).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from spectune.draft import MAX_TREE_NODES, Draft, tree_layout
-from spectune.drafters.base import OneRow, TargetFeatures
-from spectune.drafters.model import ModelDrafter, ModelSession
-from spectune.errors import InvalidParameterError
-from spectune.models.base import LanguageModel
+from spectune.drafters.base import TreeShape
 from spectune.sampling import SamplingParams, process_logits, sample_from
 
-__all__ = ["GrowingTree", "TreeDrafter", "TreeGrower", "TreeShape", "chunk_layout"]
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """How a tree grows: children per expanded node, node budget, pruning threshold."""
-
-    width: int = 2
-    nodes: int = 16
-    min_path_prob: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.width <= 8:
-            raise InvalidParameterError(f"tree width must be in [1, 8], got {self.width}")
-        if not 1 <= self.nodes <= MAX_TREE_NODES:
-            raise InvalidParameterError(
-                f"tree node budget must be in [1, {MAX_TREE_NODES}], got {self.nodes}"
-            )
-        if not 0.0 <= self.min_path_prob < 1.0:
-            raise InvalidParameterError("min_path_prob must be in [0, 1)")
+__all__ = ["GrowingTree", "NodeScorer", "TreeGrower", "TreeShape", "chunk_layout"]
 
 
 @dataclass
@@ -108,59 +91,60 @@ def chunk_layout(
     return chunk, positions[None, 1:], mask[None, 1:, 1:]
 
 
-class TreeGrower(ABC):
-    """Grows token trees (see the module docstring); subclasses say how nodes are scored.
+class NodeScorer(Protocol):
+    """How a drafter scores the nodes of a growing tree (its tree form implements this and
+    drives a ``TreeGrower``)."""
 
-    ``_root_logits`` brings the drafter to the context and scores the first draft token;
-    ``_score`` scores the children of some nodes in one forward (over them and their
-    ancestors) and records that forward's chunk in ``tree.chunk``.
-    """
+    def root_logits(self, context: Sequence[int]) -> Tensor:
+        """[vocab] logits of the token after ``context`` (the drafter brought to it)."""
+        ...
 
-    name: str
+    def score_nodes(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
+        """[len(nodes), vocab] logits of the children of each of ``nodes``, in order, from
+        one forward over them and their ancestors; records that forward's chunk in
+        ``tree.chunk``."""
+        ...
+
+
+@dataclass(frozen=True)
+class TreeGrower:
+    """Grows token trees of ``shape`` (see the module docstring) from a ``NodeScorer``."""
+
     shape: TreeShape
     vocab_size: int
-    _last: GrowingTree | None
 
-    @abstractmethod
-    def reset(self) -> None: ...
+    def describe(self, name: str, kind: str, coverage: str = "") -> str:
+        """The start-up line of a tree drafter ``name`` whose nodes ``kind`` scores."""
+        shape = self.shape
+        return f"{name} ({kind} token tree, width {shape.width}, {shape.nodes} nodes{coverage})"
 
-    @abstractmethod
-    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None: ...
-
-    @abstractmethod
-    def _root_logits(self, context: Sequence[int]) -> Tensor:
-        """[vocab] logits of the token after ``context``."""
-
-    @abstractmethod
-    def _score(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
-        """[len(nodes), vocab] logits of the children of each of ``nodes``, in order."""
-
-    def propose(
+    def grow(
         self,
+        scorer: NodeScorer,
         context: Sequence[int],
         num_tokens: int,
         params: SamplingParams,
         generator: torch.Generator | None,
-    ) -> Draft:
-        """A tree at most ``num_tokens`` deep with at most ``shape.nodes`` nodes."""
-        self._last = None
+    ) -> tuple[Draft, GrowingTree | None]:
+        """A tree at most ``num_tokens`` deep with at most ``shape.nodes`` nodes, and the
+        tree as grown (before the greedy re-rank; None for no draft), which the drafter
+        keeps for compaction at commit."""
         vocab = self.vocab_size
         if num_tokens <= 0:
-            return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab))
+            return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, vocab)), None
 
         def distribution(logits: Tensor) -> Tensor:  # [vocab] -> [vocab] fp32
             # Greedy ranks children by the draft's own probabilities (the processed
             # greedy distribution is one-hot and could not rank a second child).
             return logits.float().softmax(-1) if params.greedy else process_logits(logits, params)
 
-        root = distribution(self._root_logits(context))
+        root = distribution(scorer.root_logits(context))
         tree = GrowingTree(prefix=len(context))
         if params.greedy:
-            self._grow_levels(tree, root, num_tokens, params, generator, distribution)
+            self._grow_levels(scorer, tree, root, num_tokens, params, generator, distribution)
         else:
-            self._grow_best_first(tree, root, num_tokens, params, generator, distribution)
+            self._grow_best_first(scorer, tree, root, num_tokens, params, generator, distribution)
         tokens, parents, rows, path_probs = tree.tokens, tree.parents, tree.rows, tree.path_probs
-        self._last = tree
         keep = list(range(len(tokens)))
         nodes = self.shape.nodes
         if len(tokens) > nodes:
@@ -169,14 +153,16 @@ class TreeGrower(ABC):
             # is ancestor-closed; kept in index order, parents still come first.
             keep = sorted(sorted(keep, key=lambda i: (-path_probs[i], i))[:nodes])
         index = {node: i for i, node in enumerate(keep)}
-        return Draft(
+        draft = Draft(
             torch.tensor([tokens[i] for i in keep], dtype=torch.long),
             torch.stack([rows[i] for i in keep]),
             torch.tensor([index[parents[i]] if parents[i] >= 0 else -1 for i in keep]),
         )
+        return draft, tree
 
     def _grow_levels(
         self,
+        scorer: NodeScorer,
         tree: GrowingTree,
         root: Tensor,  # [vocab]
         depth_limit: int,
@@ -203,11 +189,12 @@ class TreeGrower(ABC):
             if not expand:
                 return
             expand = sorted(expand)
-            logits = self._score(tree, expand)
+            logits = scorer.score_nodes(tree, expand)
             frontier = [(i, distribution(row)) for i, row in zip(expand, logits, strict=True)]
 
     def _grow_best_first(
         self,
+        scorer: NodeScorer,
         tree: GrowingTree,
         root: Tensor,  # [vocab]
         depth_limit: int,
@@ -236,7 +223,7 @@ class TreeGrower(ABC):
                 if tree.depths[c] < depth_limit and tree.path_probs[c] >= shape.min_path_prob
             ]
             if scorable:
-                logits = self._score(tree, scorable)
+                logits = scorer.score_nodes(tree, scorable)
                 for c, row in zip(scorable, logits, strict=True):
                     known[c] = distribution(row)
 
@@ -257,71 +244,3 @@ class TreeGrower(ABC):
             drawn.append(token)
             remaining[token] = 0.0
         return drawn
-
-
-class TreeDrafter(TreeGrower):
-    """Drafts a token tree with a draft model (see the module docstring); its cache is kept
-    in step with the context by a one-row ``ModelSession``, as the chain drafter's is."""
-
-    def __init__(
-        self, model: LanguageModel, shape: TreeShape | None = None, *, name: str | None = None
-    ) -> None:
-        self.model = model
-        self.shape = shape or TreeShape()
-        self.vocab_size = model.info.vocab_size
-        self.name = name or f"tree:{model.info.name}:w{self.shape.width}n{self.shape.nodes}"
-        self.row: OneRow[ModelSession] = OneRow(lambda: ModelDrafter(model).open(1))
-        self._last = None
-
-    def reset(self) -> None:
-        self.row.reset()
-        self._last = None
-
-    def _root_logits(self, context: Sequence[int]) -> Tensor:
-        self.row.join(context)
-        return self.row.session.sync({0: context}, 1)[0]
-
-    def _score(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
-        """One forward over ``nodes`` and their ancestors under the tree mask."""
-        chunk, positions, mask = chunk_layout(tree, nodes, tree.prefix - 1)
-        cache = self.row.session.cache
-        cache.truncate(tree.prefix)
-        out = self.model.forward(
-            torch.tensor([[tree.tokens[n] for n in chunk]]),
-            cache,
-            positions=positions,
-            chunk_mask=mask,
-        )
-        tree.chunk = chunk
-        return out.logits[0, [chunk.index(n) for n in nodes]]
-
-    def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
-        """Compact the accepted path's draft entries from the last forward into place."""
-        last, self._last = self._last, None
-        if not self.row.joined:
-            self.row.join(context, features)
-        session = self.row.session
-        if last is None or session.ingested[0][: last.prefix] != list(context[: last.prefix]):
-            return
-        slot_of = {node: last.prefix + i for i, node in enumerate(last.chunk)}
-        current, slots = -1, []
-        for token in context[last.prefix :]:
-            child = next(
-                (
-                    i
-                    for i, (t, p) in enumerate(zip(last.tokens, last.parents, strict=True))
-                    if p == current and t == token
-                ),
-                None,
-            )
-            if child is None or child not in slot_of:
-                break
-            slots.append(slot_of[child])
-            current = child
-        cache = session.cache
-        if not slots:
-            cache.truncate(min(cache.length(), last.prefix))
-            return
-        cache.move_slots(0, torch.tensor(slots, dtype=torch.long), last.prefix)
-        cache.truncate(last.prefix + len(slots))
-        session.ingested[0] = list(context[: last.prefix + len(slots)])

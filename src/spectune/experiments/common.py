@@ -19,8 +19,7 @@ from torch import Tensor
 from spectune.control.base import FixedK, KPolicy
 from spectune.decode.engine import Generation, SpeculativeEngine
 from spectune.drafters.base import Drafter, DraftSource
-from spectune.drafters.batched import PerRow
-from spectune.drafters.feature import FeatureDrafter
+from spectune.drafters.batched import batch_source
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.pairing import fresh_drafter, load_drafter, load_target
 from spectune.errors import InvalidParameterError
@@ -107,12 +106,8 @@ class Setup:
 
     def batch_draft(self) -> DraftSource:
         """What ``BatchEngine`` takes: the draft model or feature drafter itself (batched
-        drafting), or per-sequence drafters (``PerRow``)."""
-        if isinstance(self.draft, ModelDrafter) and self.draft.vocab_subset is None:
-            return ModelDrafter(self.draft.model)
-        if isinstance(self.draft, FeatureDrafter):
-            return self.draft
-        return PerRow(self.fresh_drafter)
+        drafting), or per-sequence drafters (``batch_source``)."""
+        return batch_source(self.draft)
 
 
 @dataclass(frozen=True)
@@ -140,7 +135,7 @@ class DecodeStats(CountsReport):
     def target_tokens(self) -> int:
         """Tokens the target forwarded in decode steps (its verification work): each step
         the pending token and every draft token (a tree: every node)."""
-        return self.counts.draft_tokens + self.counts.steps
+        return self.counts.num_draft_tokens + self.counts.steps
 
     @property
     def decode_seconds(self) -> float:
@@ -271,7 +266,8 @@ def load_setup(
         draft = ModelDrafter(stand_in_draft(target.model, draft_ref))
     else:
         draft = load_drafter(draft_ref, target)
-        if draft is None or not (any_drafter or isinstance(draft, ModelDrafter | FeatureDrafter)):
+        # Learned drafters (a draft model, a feature head) are the drafters that are sources.
+        if draft is None or not (any_drafter or isinstance(draft, DraftSource)):
             raise InvalidParameterError(
                 "experiments need a draft model or feature head, not 'ngram' or 'none'"
             )

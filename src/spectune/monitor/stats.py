@@ -71,7 +71,7 @@ class StepNumbers:
     """One record reduced to what the counters need."""
 
     k: int
-    draft_tokens: int  # draft tokens returned (a tree: its nodes)
+    num_draft_tokens: int  # draft tokens returned (a tree: its nodes)
     positions: int  # draft positions tested (``StepRecord.positions``: a tree counts its depth)
     accepted: int
     emitted: int
@@ -87,7 +87,7 @@ class StepNumbers:
         kind = fallback_kind(record.fallback)
         return cls(
             k=record.k,
-            draft_tokens=record.drafted,
+            num_draft_tokens=record.num_draft_tokens,
             positions=record.positions,
             accepted=record.accepted,
             emitted=len(record.emitted),
@@ -105,7 +105,7 @@ class StepNumbers:
 
     def count_into(self, counts: SpecCounts) -> None:
         counts.add_step(
-            draft_tokens=self.draft_tokens,
+            num_draft_tokens=self.num_draft_tokens,
             positions=self.positions,
             accepted=self.accepted,
             emitted=self.emitted,

@@ -7,8 +7,10 @@ One JSON object per line, told apart by ``event``:
                later ``request`` event with the same id adds to its info (``generate
                --compare`` records the plain-decoding rate it measured after the run).
 - ``step``     one per engine step: every ``StepRecord`` field (``emitted`` as a list of
-               token ids; ``verify_peak_bytes``, the verification's peak memory, see
-               ``spectune.models.devices.VerifyMemory``), ``overhead_time``, ``fallback_kind``
+               token ids; ``num_draft_tokens``, named ``drafted`` in traces written before
+               2026-12, which the reader still takes; ``verify_peak_bytes``, the
+               verification's peak memory, see ``spectune.models.devices.VerifyMemory``),
+               ``overhead_time``, ``fallback_kind``
                (the reason's kind, see ``spectune.monitor.stats``), and ``policy``: the
                policy's state after it observed the step (K it will ask next, window
                acceptance, phases of the fallback checks, ...).
@@ -113,13 +115,17 @@ class TraceRequest:
     cancelled: bool = False  # ended before its finish reason (the client went away)
 
 
-_INT_FIELDS = ("index", "k", "drafted", "accepted")
+_INT_FIELDS = ("index", "k", "num_draft_tokens", "accepted")
 _TIME_FIELDS = ("draft_time", "target_time", "step_time")
 _TEXT_FIELDS = ("fallback", "finish_reason")
 
 
 def _record(event: dict[str, Any]) -> StepRecord:
     """A ``StepRecord`` from a step event, its field types checked."""
+    if "num_draft_tokens" not in event and "drafted" in event:
+        # Traces written before the field's rename (StepRecord.drafted, 2026-12) name it
+        # "drafted"; they still load. New traces write "num_draft_tokens".
+        event = {**event, "num_draft_tokens": event["drafted"]}
     for name in _INT_FIELDS:
         if not isinstance(event[name], int) or isinstance(event[name], bool):
             raise ValueError(f"{name} must be an integer")
@@ -135,7 +141,7 @@ def _record(event: dict[str, Any]) -> StepRecord:
     return StepRecord(
         index=event["index"],
         k=event["k"],
-        drafted=event["drafted"],
+        num_draft_tokens=event["num_draft_tokens"],
         accepted=event["accepted"],
         emitted=tuple(emitted),
         draft_time=float(event["draft_time"]),

@@ -9,18 +9,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from spectune.control.base import KPolicy
 from spectune.control.crossover import load_crossover
 from spectune.decode.batch import BatchEngine
 from spectune.decode.sequential import SequentialBatchEngine
 from spectune.drafters import base as drafting
-from spectune.drafters.base import Drafter
-from spectune.drafters.batched import PerRow
-from spectune.drafters.feature import FeatureDrafter
-from spectune.drafters.model import ModelDrafter
-from spectune.drafters.ngram import NgramDrafter
-from spectune.drafters.pairing import fresh_drafter
+from spectune.drafters.base import Drafter, fresh_drafter
+from spectune.drafters.batched import PerRow, batch_source
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams
@@ -34,58 +31,33 @@ DEFAULT_DRAFT_DEADLINE = 10.0  # seconds
 
 @dataclass(frozen=True)
 class DraftSource:
-    """What drafts: a draft model, a feature head, prompt lookup (``ngram``), a factory of
-    per-request drafters (any ``Drafter``, e.g. the test doubles), or nothing."""
+    """What drafts: a drafter every request gets its own copy of (what ``load_drafter``
+    returned), a factory of per-request drafters (any ``Drafter``, e.g. the test doubles,
+    which cannot copy themselves), or nothing."""
 
-    model: LanguageModel | None = None
-    feature: FeatureDrafter | None = None
-    ngram: bool = False
+    drafter: Drafter | None = None
     drafters: Callable[[], Drafter] | None = None
     label: str | None = None  # the name clients use in ``spectune.drafter``
-
-    @classmethod
-    def from_drafter(cls, drafter: Drafter | None) -> DraftSource:
-        """What ``load_drafter`` returned, in the form the engines batch best."""
-        if drafter is None:
-            return cls()
-        if isinstance(drafter, NgramDrafter):
-            return cls(ngram=True)
-        if isinstance(drafter, ModelDrafter) and drafter.vocab_subset is None:
-            return cls(model=drafter.model)
-        if isinstance(drafter, FeatureDrafter):
-            return cls(feature=drafter, label=drafter.name)
-        # A reduced-vocabulary draft model: its logits need the drafter's id mapping.
-        return cls(drafters=lambda: fresh_drafter(drafter), label=drafter.name)
 
     @property
     def name(self) -> str | None:
         if self.label is not None:
             return self.label
-        if self.model is not None:
-            return f"model:{self.model.info.name}"
-        if self.ngram:
-            return "ngram"
+        if self.drafter is not None:
+            return self.drafter.name
         return "custom" if self.drafters is not None else None
 
     def factory(self) -> Callable[[], Drafter] | None:
         """Per-request drafters (drafters keep per-request state)."""
-        model, feature = self.model, self.feature
-        if model is not None:
-            return lambda: ModelDrafter(model)
-        if feature is not None:
-            return lambda: fresh_drafter(feature)
-        if self.ngram:
-            return NgramDrafter
+        if self.drafter is not None:
+            return partial(fresh_drafter, self.drafter)
         return self.drafters
 
     def for_batch(self) -> drafting.DraftSource | None:
         """The ``draft`` argument of ``BatchEngine``: what opens a session over its rows."""
-        if self.model is not None:
-            return ModelDrafter(self.model)
-        if self.feature is not None:
-            return self.feature
-        factory = self.factory()
-        return None if factory is None else PerRow(factory)
+        if self.drafter is not None:
+            return batch_source(self.drafter)
+        return None if self.drafters is None else PerRow(self.drafters)
 
 
 @dataclass(frozen=True)

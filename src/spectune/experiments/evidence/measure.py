@@ -168,7 +168,7 @@ def verify_memory(
             peaks.extend(
                 s.verify_peak_bytes
                 for s in generation.steps
-                if s.verify_peak_bytes is not None and s.drafted == size
+                if s.verify_peak_bytes is not None and s.num_draft_tokens == size
             )
 
         decode_prompts(setup, f"{kind} {size}", factory, params, size, on_generation=seen)
