@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from spectune.distill.corpus import read_answers
+from spectune.distill.sources import read_json_lines
 from spectune.drafters.suffix_index import DEFAULT_MAX_DEPTH, SuffixIndex, tokenizer_fingerprint
 from spectune.errors import InvalidParameterError, ModelLoadError
-from spectune.jsonl import read_json_lines
 
 __all__ = ["register"]
 

@@ -8,14 +8,30 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from spectune.errors import InvalidParameterError
-from spectune.jsonl import read_json_lines
+from spectune.errors import InvalidParameterError, ModelLoadError
 
-__all__ = ["CorpusItem", "read_prompt_files", "read_reference_chats"]
+__all__ = ["CorpusItem", "read_json_lines", "read_prompt_files", "read_reference_chats"]
+
+
+def read_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """JSON-lines files: (line number, value) for every non-empty line; a line that is not
+    JSON raises ``InvalidParameterError`` (``file:line: not JSON (...)``)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidParameterError(f"{path}:{number}: not JSON ({exc})") from exc
 
 
 @dataclass(frozen=True)
