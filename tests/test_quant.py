@@ -17,7 +17,7 @@ from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.model import ModelDrafter
 from spectune.errors import ModelLoadError
-from spectune.models.llama import LlamaLM
+from spectune.models.llama import Block, LlamaLM
 from spectune.models.loading import load_model
 from spectune.models.quant import (
     Int4Codes,
@@ -203,3 +203,42 @@ def test_int4_codes_reject_shapes_the_kernel_cannot_take() -> None:
 def test_gguf_blocks_of_the_wrong_size_are_refused() -> None:
     with pytest.raises(ValueError):
         int4_codes_from_gguf(np.zeros((16, 19), dtype=np.uint8), "Q4_1")
+
+
+def _blocks(net: torch.nn.Module) -> list[Block]:
+    return [block for block in net.modules() if isinstance(block, Block)]
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_quantised_model_runs_fused_and_equals_its_unfused_self(mode: str) -> None:
+    """q, k, v (and gate, up) in one kernel call: the logits are the separate layers',
+    bit for bit (a kernel computes every output row on its own), and the old names still
+    answer with their slice of the stacked layer."""
+    toy = _quantisable_toy()
+    model = _quantised(toy, mode)
+    unfused = _quantised(toy, mode)
+    for block in _blocks(unfused.net):  # the fast path off: the parts answer alone
+        block.self_attn.qkv = None
+        block.mlp.gate_up = None
+    assert all(
+        b.self_attn.qkv is not None and b.mlp.gate_up is not None for b in _blocks(model.net)
+    )
+    tokens = torch.tensor([[1, 5, 9, 22, 40]])
+    got = model.forward(tokens, model.new_cache(capacity=8)).logits
+    want = unfused.forward(tokens, unfused.new_cache(capacity=8)).logits
+    assert torch.equal(got, want)
+    alone = torch.nn.Sequential(copy.deepcopy(_blocks(toy.net)[0].self_attn.k_proj))
+    quantize_net(alone, mode)  # type: ignore[arg-type]
+    part = _blocks(model.net)[0].self_attn.k_proj
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(part(x), alone(x))
+    assert torch.equal(part.weight, alone[0].weight)  # type: ignore[arg-type]
+
+
+def test_siblings_on_different_kernels_stay_apart() -> None:
+    """An int8 k (a Q8_0 tensor in an int4 model) keeps q, k and v separate."""
+    net = copy.deepcopy(_quantisable_toy().net)
+    quantize_net(net, "int4", int8_names=frozenset({"layers.0.self_attn.k_proj"}))
+    first, second = _blocks(net)[:2]
+    assert first.self_attn.qkv is None and second.self_attn.qkv is not None
+    assert isinstance(first.self_attn.k_proj, Int8Linear)

@@ -112,6 +112,17 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_out, cfg.hidden_size, bias=False)
+        self.split = (q_out, kv_out, kv_out)
+        # q, k and v as one layer (``spectune.models.quant.quantize_net``): one kernel
+        # call instead of three on runtimes where a call's overhead counts.
+        self.qkv: nn.Module | None = None
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(q, k, v) of ``x`` [..., hidden], each [..., out]."""
+        if self.qkv is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        return q, k, v
 
     def forward(
         self,
@@ -126,9 +137,10 @@ class Attention(nn.Module):
     ) -> Tensor:
         cfg = self.cfg
         batch, chunk, _ = x.shape
-        q = self.q_proj(x).view(batch, chunk, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).view(batch, chunk, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x).view(batch, chunk, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self.project(x)
+        q = q.view(batch, chunk, cfg.num_heads, cfg.head_dim)
+        k = k.view(batch, chunk, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(batch, chunk, cfg.num_kv_heads, cfg.head_dim)
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         if cache is None:  # training / full-sequence scoring
@@ -156,9 +168,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up: nn.Module | None = None  # gate and up as one layer, like ``Attention.qkv``
 
     def forward(self, x: Tensor) -> Tensor:
-        down: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+        down: Tensor = self.down_proj(F.silu(gate) * up)
         return down
 
 

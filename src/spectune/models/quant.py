@@ -53,6 +53,7 @@ __all__ = [
     "int4_codes_from_float",
     "int4_codes_from_gguf",
     "int8_codes_from_float",
+    "StackedPart",
     "quantize_net",
 ]
 
@@ -175,6 +176,28 @@ class Int8Linear(_WeightOnlyLinear):
         return out
 
 
+class StackedPart(nn.Module):
+    """Outputs ``start:stop`` of a stacked layer: what a fused-away layer's name now holds,
+    so a caller of the old layer still gets its outputs (the fast path calls the stacked
+    layer once)."""
+
+    def __init__(self, stacked: _WeightOnlyLinear, start: int, stop: int) -> None:
+        super().__init__()
+        self.stacked = [stacked]  # a list: not registered again as a submodule
+        self.start, self.stop = start, stop
+        self.in_features = stacked.in_features
+        self.out_features = stop - start
+
+    @property
+    def weight(self) -> Tensor:
+        weight: Tensor = self.stacked[0].weight[self.start : self.stop]
+        return weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.stacked[0](x)[..., self.start : self.stop]
+        return out
+
+
 def int4_codes_from_float(weight: Tensor) -> Int4Codes:
     """Asymmetric min/max int4 over groups of 32 inputs. weight: [out, in]."""
     out_features, in_features = weight.shape
@@ -216,6 +239,10 @@ def int4_codes_from_gguf(blocks: np.ndarray, kind: str) -> Int4Codes:
     )
 
 
+Codes = Int4Codes | tuple[Tensor, Tensor]  # int4 codes, or int8 (codes, per-row scales)
+_SIBLINGS = (("qkv", ("q_proj", "k_proj", "v_proj")), ("gate_up", ("gate_proj", "up_proj")))
+
+
 def quantize_net(
     net: nn.Module,
     mode: QuantMode,
@@ -230,24 +257,80 @@ def quantize_net(
     int8 kernel even in ``int4`` mode (Q8_0 tensors). A layer whose shape the int4 kernel
     cannot take falls back to int8. Tied weights are untied: the embedding keeps its float
     table for lookups.
+
+    Sibling projections that read one input are then stacked into one layer: an attention
+    block's q, k and v (its ``qkv``) and an MLP's gate and up (its ``gate_up``), where all
+    siblings got the same kernel. Each kernel call has a fixed cost (the bf16 casts, the
+    call), a good part of a small model's one-token step; the stacked layer computes every
+    output as the separate ones did (``test_quant``), and the old names keep answering
+    with their slice (``StackedPart``).
     """
     if mode == "none":
         return 0
     sources = int4_sources or {}
-    replaced = 0
+    codes: dict[int, tuple[Codes, Tensor | None]] = {}  # id(new layer) -> what built it
     for parent_name, parent in list(net.named_modules()):
         for child_name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear):
                 continue
             name = f"{parent_name}.{child_name}" if parent_name else child_name
             bias = None if child.bias is None else child.bias.float()
-            layer: nn.Module
+            made: Codes
             if mode == "int4" and name in sources:
-                layer = Int4Linear(sources[name], bias)
+                made = sources[name]
             elif mode == "int4" and name not in int8_names and fits_int4(*child.weight.shape):
-                layer = Int4Linear(int4_codes_from_float(child.weight), bias)
+                made = int4_codes_from_float(child.weight)
             else:
-                layer = Int8Linear(*int8_codes_from_float(child.weight), bias)
+                made = int8_codes_from_float(child.weight)
+            layer = _layer(made, bias)
+            codes[id(layer)] = (made, bias)
             setattr(parent, child_name, layer)
-            replaced += 1
-    return replaced
+    for module in net.modules():
+        for slot, names in _SIBLINGS:
+            if getattr(module, slot, False) is None:
+                parts = [codes.get(id(getattr(module, name))) for name in names]
+                _stack(module, slot, names, parts)
+    return len(codes)
+
+
+def _layer(codes: Codes, bias: Tensor | None) -> _WeightOnlyLinear:
+    if isinstance(codes, Int4Codes):
+        return Int4Linear(codes, bias)
+    return Int8Linear(*codes, bias)
+
+
+def _stack(
+    module: nn.Module,
+    slot: str,
+    names: tuple[str, ...],
+    parts: list[tuple[Codes, Tensor | None] | None],
+) -> None:
+    """Set ``module.<slot>`` to one layer over the siblings ``names`` (quantised from
+    ``parts``) and their names to slices of it; nothing when they differ in kernel."""
+    found = [part for part in parts if part is not None]
+    if len(found) != len(names) or len({type(c) for c, _ in found}) != 1:
+        return
+    sizes = [getattr(module, name).out_features for name in names]
+    biases = [
+        torch.zeros(size) if bias is None else bias
+        for (_, bias), size in zip(found, sizes, strict=True)
+    ]
+    bias = torch.cat(biases) if any(b is not None for _, b in found) else None
+    first = found[0][0]
+    stacked_codes: Codes
+    if isinstance(first, Int4Codes):
+        int4 = [c for c, _ in found if isinstance(c, Int4Codes)]
+        stacked_codes = Int4Codes(
+            torch.cat([c.codes for c in int4]),
+            torch.cat([c.scales for c in int4]),
+            torch.cat([c.zeros for c in int4]),
+        )
+    else:
+        int8 = [c for c, _ in found if not isinstance(c, Int4Codes)]
+        stacked_codes = (torch.cat([c for c, _ in int8]), torch.cat([s for _, s in int8]))
+    stacked = _layer(stacked_codes, bias)
+    setattr(module, slot, stacked)
+    start = 0
+    for name, size in zip(names, sizes, strict=True):
+        setattr(module, name, StackedPart(stacked, start, start + size))
+        start += size
