@@ -45,6 +45,11 @@ def test_experiment_commands_run_on_toy_models(
     assert capsys.readouterr().out  # a table was printed
 
 
+def test_precision_needs_the_real_target(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["experiment", "batch", "--toy", "--precision", "int4"]) != 0
+    assert "--precision" in capsys.readouterr().err
+
+
 def point(batch: int, speculative: bool, seconds: float, k: int = 4) -> BatchPoint:
     return BatchPoint(batch, k if speculative else 0, tokens=100, steps=10, seconds=seconds)
 
@@ -83,6 +88,26 @@ def test_batch_engine_reads_the_recorded_crossover(toy_target: LlamaLM, toy_draf
     )  # the specific wins
 
 
+def test_each_runtime_has_its_own_crossover(toy_target: LlamaLM, toy_draft: LlamaLM) -> None:
+    """A crossover measured on int4 kernels is not the fp32 one: a faster one-token forward
+    makes verification relatively dearer. fp32 keeps the old key (shipped entries hold)."""
+    import copy
+
+    from spectune.control.crossover import runtime_of
+    from spectune.models.quant import quantize_net
+
+    draft_name = f"model:{toy_draft.info.name}"
+    net = copy.deepcopy(toy_target.net)
+    quantize_net(net, "int8")
+    quantised = LlamaLM(net)
+    assert (runtime_of(toy_target), runtime_of(quantised)) == ("fp32", "int8")
+    save_crossover(toy_target.info, 3, {}, draft=draft_name)
+    save_crossover(quantised.info, 1, {}, draft=draft_name, runtime="int8")
+    assert BatchEngine(toy_target, ModelDrafter(toy_draft)).speculate_max_batch == 3
+    assert BatchEngine(quantised, ModelDrafter(toy_draft)).speculate_max_batch == 1
+    assert load_crossover(toy_target.info, draft_name, "int4") is None  # never measured
+
+
 def test_shipped_crossover_is_the_fallback(
     toy_target: LlamaLM, toy_draft: LlamaLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -112,7 +137,7 @@ def test_shipped_crossover_file_is_well_formed() -> None:
     from spectune.control.crossover import _shipped
 
     for key, entry in _shipped().items():
-        assert key.count("|") == 2, key
+        assert key.count("|") in (2, 3), key  # target|parameters|draft[|runtime]
         assert isinstance(entry["speculate_max_batch"], int)
         assert entry["command"].startswith("spectune experiment batch"), key
 

@@ -65,6 +65,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's own)"
     )
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=("fp32", "bf16", "int8", "int4", LLAMACPP),
+        help="the target's runtime (tree, batch, chunked, history): fp32, bf16, int8 / int4 "
+        "weight-only kernels, or llamacpp (the GGUF on llama.cpp's kernels)",
+    )
     tree = parser.add_argument_group("tree")
     tree.add_argument("--budgets", type=_ints, default=(4, 8), help="node budgets (= chain K)")
     tree.add_argument("--widths", type=_ints, default=(2,), help="tree widths to compare")
@@ -113,6 +120,11 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.precision != "fp32" and (args.toy or args.which in ("evidence", "runtimes")):
+        raise InvalidParameterError(
+            "--precision picks the real target's runtime for tree, batch, chunked and history "
+            "(not --toy; runtimes takes --precisions)"
+        )
     if args.which == "evidence":
         return run_evidence(args)
     if args.which == "runtimes":
@@ -125,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
             args.target,
             args.draft,
             per_category=args.per_category,
-            any_drafter=args.which == "history",
+            any_drafter=args.which == "history" or args.precision == LLAMACPP,
+            precision=args.precision,
         )
     )
     report: dict[str, Any] = {
@@ -241,7 +254,7 @@ def _tree(setup: Setup, args: argparse.Namespace) -> list[dict[str, object]]:
 
 
 def _batch(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
-    from spectune.control.crossover import save_crossover
+    from spectune.control.crossover import runtime_of, save_crossover
     from spectune.experiments.batching import batch_sweep, crossover
 
     points = batch_sweep(
@@ -276,7 +289,13 @@ def _batch(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
             "sizes": list(args.sizes),
             "command": args.command_line,
         }
-        path = save_crossover(setup.target.info, best, detail, draft=setup.draft.name)
+        path = save_crossover(
+            setup.target.info,
+            best,
+            detail,
+            draft=setup.draft.name,
+            runtime=runtime_of(setup.target),
+        )
         print(f"recorded for BatchEngine in {path}")
         result["saved_to"] = str(path)
     return result

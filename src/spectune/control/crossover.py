@@ -13,7 +13,9 @@ Where it is looked up, first hit wins:
    each entry names the command that produced it).
 
 Keys: the target's name and parameter count, then the drafter's name (``|*`` for a value
-that holds whatever drafts: an older or a draft-agnostic measurement).
+that holds whatever drafts: an older or a draft-agnostic measurement), then the runtime
+where it is not fp32 (``|int4``, ``|llamacpp``, ...: ``runtime_of``): a faster one-token
+forward makes verification relatively dearer, so each runtime has its own crossover.
 """
 
 from __future__ import annotations
@@ -26,9 +28,17 @@ from typing import Any
 
 from spectune.models.base import ModelInfo
 
-__all__ = ["crossover_path", "load_crossover", "save_crossover"]
+__all__ = ["crossover_path", "load_crossover", "runtime_of", "save_crossover"]
 
 ANY_DRAFT = "*"
+FP32 = "fp32"
+
+
+def runtime_of(model: object) -> str:
+    """The runtime a model runs on, as ``--dtype`` names it: its ``precision`` where it
+    states one (the native runtime and llama.cpp do), else fp32."""
+    precision = getattr(model, "precision", FP32)
+    return precision if isinstance(precision, str) else FP32
 
 
 def crossover_path() -> Path:
@@ -36,8 +46,9 @@ def crossover_path() -> Path:
     return root / "batch_crossover.json"
 
 
-def _key(info: ModelInfo, draft: str | None) -> str:
-    return f"{info.name}|{info.num_parameters}|{draft or ANY_DRAFT}"
+def _key(info: ModelInfo, draft: str | None, runtime: str = FP32) -> str:
+    key = f"{info.name}|{info.num_parameters}|{draft or ANY_DRAFT}"
+    return key if runtime == FP32 else f"{key}|{runtime}"
 
 
 def _read(text: str) -> dict[str, Any]:
@@ -48,8 +59,8 @@ def _read(text: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _lookup(data: dict[str, Any], info: ModelInfo, draft: str | None) -> int | None:
-    for key in dict.fromkeys((_key(info, draft), _key(info, None))):
+def _lookup(data: dict[str, Any], info: ModelInfo, draft: str | None, runtime: str) -> int | None:
+    for key in dict.fromkeys((_key(info, draft, runtime), _key(info, None, runtime))):
         entry = data.get(key)
         value = entry.get("speculate_max_batch") if isinstance(entry, dict) else None
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -65,20 +76,24 @@ def _shipped() -> dict[str, Any]:
     return _read(text)
 
 
-def load_crossover(info: ModelInfo, draft: str | None = None) -> int | None:
-    """The recorded ``speculate_max_batch`` for this target and drafter, or None if never
-    measured (an unreadable file counts as none: a missing measurement never stops
+def load_crossover(info: ModelInfo, draft: str | None = None, runtime: str = FP32) -> int | None:
+    """The recorded ``speculate_max_batch`` for this target, drafter and runtime, or None if
+    never measured (an unreadable file counts as none: a missing measurement never stops
     decoding)."""
     try:
         local = _read(crossover_path().read_text(encoding="utf-8"))
     except OSError:
         local = {}
-    found = _lookup(local, info, draft)
-    return found if found is not None else _lookup(_shipped(), info, draft)
+    found = _lookup(local, info, draft, runtime)
+    return found if found is not None else _lookup(_shipped(), info, draft, runtime)
 
 
 def save_crossover(
-    info: ModelInfo, speculate_max_batch: int, detail: dict[str, object], draft: str | None = None
+    info: ModelInfo,
+    speculate_max_batch: int,
+    detail: dict[str, object],
+    draft: str | None = None,
+    runtime: str = FP32,
 ) -> Path:
     """Record the crossover on this machine (atomically: a concurrent reader never sees
     half a file)."""
@@ -88,7 +103,7 @@ def save_crossover(
         data = _read(path.read_text(encoding="utf-8"))
     except OSError:
         data = {}
-    data[_key(info, draft)] = {"speculate_max_batch": speculate_max_batch, **detail}
+    data[_key(info, draft, runtime)] = {"speculate_max_batch": speculate_max_batch, **detail}
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
     tmp.replace(path)

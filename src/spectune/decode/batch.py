@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from spectune.control.base import FixedK, KPolicy
-from spectune.control.crossover import load_crossover
+from spectune.control.crossover import load_crossover, runtime_of
 from spectune.control.fallback import batch_limited
 from spectune.decode.deadline import DeadlineCall, DeadlineExceeded
 from spectune.decode.sequence import SequenceState
@@ -158,7 +158,7 @@ class BatchEngine:
         )
         if speculate_max_batch is None and self.drafter is not None:
             # None: never measured for this target and draft
-            speculate_max_batch = load_crossover(target.info, self.drafter.name)
+            speculate_max_batch = load_crossover(target.info, self.drafter.name, runtime_of(target))
         self.speculate_max_batch = speculate_max_batch
         self.pad = target.info.pad_token_id or 0
         self._rows: list[SequenceState] = []  # index = cache row

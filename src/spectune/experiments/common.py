@@ -31,6 +31,8 @@ from spectune.models.base import (
     takes_tree_masks,
 )
 from spectune.models.llama import LlamaLM, LlamaTransformer
+from spectune.models.llamacpp import LLAMACPP
+from spectune.models.quant import PRECISIONS
 from spectune.models.shipped import shipped_drafts
 from spectune.models.toy import perturbed, toy_config, toy_model
 from spectune.prompts import load_prompts
@@ -248,12 +250,20 @@ def load_setup(
     per_category: int = 1,
     split: str | None = "dev",
     any_drafter: bool = False,
+    precision: str = "fp32",
 ) -> Setup:
     """The real configuration: target, draft model, and the evaluation prompts (chat
     template applied), ``per_category`` prompts of each category. ``draft_ref``: a path or
     shipped draft name, ``auto`` (the first shipped draft), or a stand-in (``layers:N``,
-    ``noise:X``); with ``any_drafter`` also ``ngram``, ``suffix``, ``hybrid``."""
-    target = load_target(target_ref)
+    ``noise:X``); with ``any_drafter`` also ``ngram``, ``suffix``, ``hybrid``.
+    ``precision``: the target's runtime (``PRECISIONS``, or ``llamacpp``)."""
+    if precision == LLAMACPP:
+        target = load_target(target_ref, runtime=LLAMACPP)
+    elif precision in PRECISIONS:
+        chosen = PRECISIONS[precision]
+        target = load_target(target_ref, dtype=chosen.dtype, quantize=chosen.quantize)
+    else:
+        raise InvalidParameterError(f"unknown precision {precision!r}")
     if draft_ref == "auto":
         shipped = shipped_drafts()
         if not shipped:
@@ -278,6 +288,8 @@ def load_setup(
         for name, text in LONG_FORM_REQUESTS
     )
     description = f"{target.model.info.name} + {draft.name}"
+    if precision != "fp32":
+        description += f" ({precision})"
     return Setup(
         target.model,
         draft,

@@ -309,6 +309,19 @@ class LlamaLM:
         return self.net.embed_tokens.weight.dtype
 
     @property
+    def precision(self) -> str:
+        """How it runs, as ``--dtype`` names it: int4 or int8 where its linear layers are on
+        weight-only kernels (``spectune.models.quant``), else its dtype (fp32, bf16, fp16)."""
+        from spectune.models.quant import Int4Linear, Int8Linear
+
+        kinds = {type(module) for module in self.net.modules()}
+        if Int4Linear in kinds:
+            return "int4"
+        if Int8Linear in kinds:
+            return "int8"
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")
+
+    @property
     def device(self) -> torch.device:
         """Where forwards run (``spectune.models.devices``: outputs always come back on the CPU)."""
         return self.net.embed_tokens.weight.device

@@ -375,6 +375,7 @@ class LlamaCppModel:
     """
 
     tree_masks = False  # see the module docstring
+    precision = LLAMACPP  # the file's own tensor types, on llama.cpp's kernels
 
     def __init__(
         self, path: Path, cfg: LlamaConfig, *, threads: int | None = None, gpu: bool = False

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from spectune.control.base import KPolicy
-from spectune.control.crossover import load_crossover
+from spectune.control.crossover import load_crossover, runtime_of
 from spectune.decode.batch import BatchEngine
 from spectune.decode.sequential import SequentialBatchEngine
 from spectune.drafters import base as drafting
@@ -102,7 +102,9 @@ def build_engine(
             max_batch=settings.max_batch,
             # As BatchEngine: without a limit, the crossover measured on this machine.
             speculate_max_batch=(
-                limit if limit is not None else load_crossover(target.info, draft.name)
+                limit
+                if limit is not None
+                else load_crossover(target.info, draft.name, runtime_of(target))
             ),
             policy_factory=policies,
         )
