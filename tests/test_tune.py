@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -226,3 +227,22 @@ def test_bench_runs_a_policy_file(toy_folder: Path, tmp_path: Path) -> None:
     target = toy_model(0)
     systems = build_systems(config, target, None, [DraftSource("ngram", NgramDrafter())], [])
     assert "spectune ngram mine" in [s.info.name for s in systems]
+
+
+def test_a_pause_must_pay_clearly_where_speculation_pays() -> None:
+    """Fallback checks after the search: one that fires but pays under CHECK_GAIN goes, one
+    that pays more stays, one that never fires stays (a safety net), and where drafting
+    itself does not pay, the pause stays (it is the protection)."""
+    from spectune.control.tune import CHECK_GAIN, _robust_checks
+
+    both = {**seed_params(), "checks": ("global", "local")}
+
+    def rates(with_local: float, without_local: float) -> Callable[[Mapping[str, Any]], float]:
+        # "global" never fires: the same prediction with or without it.
+        return lambda p: with_local if "local" in p["checks"] else without_local
+
+    small = 1.0 + CHECK_GAIN / 2
+    assert _robust_checks(both, rates(20.0 * small, 20.0), 15.0)["checks"] == ("global",)
+    large = 1.0 + 2 * CHECK_GAIN
+    assert _robust_checks(both, rates(20.0 * large, 20.0), 15.0)["checks"] == ("global", "local")
+    assert _robust_checks(both, rates(15.0 * small, 15.0), 15.0)["checks"] == ("global", "local")
