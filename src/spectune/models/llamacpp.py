@@ -27,11 +27,7 @@ What llama.cpp cannot do here, and what spectune does instead:
   is refused when the target runs here (``FEATURE_HEAD_REFUSAL``).
 
 Threads: ``threads`` fixed at load, or None to follow ``torch.get_num_threads()`` at every
-forward (the CLI's ``--threads`` sets torch's), for one-token and batch passes alike. Each
-context runs on a persistent ggml thread pool (``_ThreadPool``), as ``llama-bench`` and
-llama.cpp's own tools do: without one, ggml starts and joins a disposable pool of threads
-in every ``llama_decode``, which on a one-token step of a small model costs a tenth of the
-step at two threads.
+forward (the CLI's ``--threads`` sets torch's), for one-token and batch passes alike.
 
 Contexts are pooled per model: a cache that is garbage collected hands its context back,
 and the next ``new_cache`` of the same shape reuses it (clearing its memory) instead of
@@ -145,63 +141,6 @@ class _Weights:
         weakref.finalize(self, lib.llama_model_free, handle)
 
 
-class _ThreadPoolParams(ctypes.Structure):
-    """ggml's ``struct ggml_threadpool_params`` (ggml.h), filled by
-    ``ggml_threadpool_params_init``."""
-
-    _fields_ = [  # noqa: RUF012 (ctypes reads the class attribute)
-        ("cpumask", ctypes.c_bool * 512),  # GGML_MAX_N_THREADS
-        ("n_threads", ctypes.c_int),
-        ("prio", ctypes.c_int),
-        ("poll", ctypes.c_uint32),
-        ("strict_cpu", ctypes.c_bool),
-        ("paused", ctypes.c_bool),
-    ]
-
-
-class _ThreadPool:
-    """A persistent ggml CPU thread pool of ``threads`` workers (ggml's defaults: hybrid
-    polling at level 50, inherited affinity), freed when the last context using it is."""
-
-    def __init__(self, ggml_cpu: ctypes.CDLL, threads: int) -> None:
-        params = _ThreadPoolParams()
-        ggml_cpu.ggml_threadpool_params_init(ctypes.byref(params), threads)
-        handle = ggml_cpu.ggml_threadpool_new(ctypes.byref(params))
-        if not handle:
-            raise ModelLoadError(f"ggml cannot start a pool of {threads} threads{_llama_said()}")
-        self.handle = handle
-        self.threads = threads
-        weakref.finalize(self, ggml_cpu.ggml_threadpool_free, handle)
-
-
-def _ggml_cpu(lib: ModuleType) -> ctypes.CDLL | None:
-    """ggml's CPU backend library next to llama.cpp's, with the thread-pool functions
-    declared; None where this build does not export them (ggml then makes a pool per
-    call)."""
-    global _ggml_cpu_lib
-    if _ggml_cpu_lib is None:
-        folder = Path(str(lib.__file__)).parent / "lib"
-        try:
-            found = ctypes.CDLL(str(next(folder.glob("libggml-cpu.*"))))
-            found.ggml_threadpool_params_init.argtypes = [ctypes.c_void_p, ctypes.c_int]
-            found.ggml_threadpool_params_init.restype = None
-            found.ggml_threadpool_new.argtypes = [ctypes.c_void_p]
-            found.ggml_threadpool_new.restype = ctypes.c_void_p
-            found.ggml_threadpool_free.argtypes = [ctypes.c_void_p]
-            found.ggml_threadpool_free.restype = None
-            attach = lib._lib.llama_attach_threadpool
-            attach.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-            attach.restype = None
-        except (StopIteration, OSError, AttributeError):
-            _ggml_cpu_lib = False
-        else:
-            _ggml_cpu_lib = found
-    return _ggml_cpu_lib if isinstance(_ggml_cpu_lib, ctypes.CDLL) else None
-
-
-_ggml_cpu_lib: ctypes.CDLL | bool | None = None  # None: not looked for; False: not there
-
-
 class _Context:
     """One llama.cpp context (its KV memory holds ``num_seqs`` sequences of ``per_seq``
     tokens) and the batch arrays ``forward`` fills with numpy, never per token in Python."""
@@ -228,8 +167,6 @@ class _Context:
         self.num_seqs = num_seqs
         self.per_seq = per_seq
         self.threads = threads
-        self.pool: _ThreadPool | None = None
-        self._use_pool(threads)
         # The batch's arrays (numpy owns them; the struct points into them).
         self.tokens = np.zeros(MAX_PIECE, dtype=np.int32)
         self.positions = np.zeros(MAX_PIECE, dtype=np.int32)
@@ -263,17 +200,6 @@ class _Context:
         if threads != self.threads:
             self.lib.llama_set_n_threads(self.handle, threads, threads)
             self.threads = threads
-            self._use_pool(threads)
-
-    def _use_pool(self, threads: int) -> None:
-        """Run on a persistent pool of ``threads`` workers (the old pool is freed once no
-        context holds it). Only CPU passes use it; with GPU layers ggml ignores it."""
-        ggml_cpu = _ggml_cpu(self.lib)
-        if ggml_cpu is None:
-            return
-        pool = _ThreadPool(ggml_cpu, threads)
-        self.lib._lib.llama_attach_threadpool(self.handle, pool.handle, None)
-        self.pool = pool  # after attaching: the context never points at a freed pool
 
     def decode(
         self,
