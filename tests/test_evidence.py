@@ -98,3 +98,25 @@ def test_a_second_run_reuses_cached_stages_and_reads_edited_numbers(toy_run: Pat
     assert main([*argv, "--force"]) == 0
     assert (folder / "stage-costs.json").stat().st_mtime_ns != before["stage-costs.json"]
     assert "alpha 43.2% at T = 0" in (toy_run / "ev.md").read_text()  # cached ones still read
+
+
+def _draft(ratio: float, alpha: float, speedup: float, family: str = "llama") -> dict:  # type: ignore[type-arg]
+    return {"family": family, "ratio": ratio, "alpha_t0": alpha, "predicted_speedup": speedup}
+
+
+def test_draft_size_rules_say_when_the_budget_cannot_decide() -> None:
+    """Drafts too weak to pay, or all under 50%, cannot say which size is best or whether
+    small ones fall under 50%: the verdict says so instead of naming a winner of a tie."""
+    from spectune.experiments.evidence.judges import INCONCLUSIVE
+    from spectune.experiments.evidence.rules import judge_all
+
+    def verdicts(drafts: list[dict]) -> dict[str, str]:  # type: ignore[type-arg]
+        found = judge_all({"drafts": {"drafts": drafts, "budget": "8 min"}})
+        return {f.title: f.verdict for f in found}
+
+    weak = verdicts([_draft(1 / 42, 0.07, 1.0), _draft(1 / 9, 0.13, 1.0), _draft(1 / 4, 0.08, 1.0)])
+    assert weak["Draft size"] == weak["Very small drafts"] == INCONCLUSIVE
+    strong = verdicts(
+        [_draft(1 / 42, 0.3, 1.05), _draft(1 / 9, 0.62, 1.4), _draft(1 / 4, 0.7, 1.2)]
+    )
+    assert strong["Draft size"] == strong["Very small drafts"] == "holds"

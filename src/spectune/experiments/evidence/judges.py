@@ -7,6 +7,8 @@ A ``Finding`` is one report section: the rule as the seed states it, what was me
 - ``holds with a different number``: the direction holds, the number does not (the
   measured one is given);
 - ``does not hold here``: the measurement goes the other way on this target and machine;
+- ``inconclusive at this budget``: measured, but the measurement cannot tell the cases the
+  rule separates apart (no distilled draft got good enough to pay, say), with what would;
 - ``not run``: the stage it needs was not run (or had nothing to measure).
 
 The table of rules, with the criterion each verdict follows, is ``rules.RULES``.
@@ -46,8 +48,11 @@ __all__ = [
 HOLDS = "holds"
 DIFFERENT = "holds with a different number"
 FAILS = "does not hold here"
+INCONCLUSIVE = "inconclusive at this budget"
 NOT_RUN = "not run"
-VERDICTS = (HOLDS, DIFFERENT, FAILS, NOT_RUN)
+VERDICTS = (HOLDS, DIFFERENT, FAILS, INCONCLUSIVE, NOT_RUN)
+# Said where the drafts stage cannot decide: the drafts need a larger training budget.
+_MORE_BUDGET = " A larger `--distill-minutes` (or a GPU) would decide it."
 
 Stages = Mapping[str, Mapping[str, Any]]  # stage name -> its data
 
@@ -344,9 +349,18 @@ def draft_size(f: Finding, s: Stages) -> Finding:
     text = (
         f"drafts distilled on equal budgets ({s['drafts']['budget']} each); size as a "
         f"share of the target's parameters, greedy alpha on the test split, predicted speedup "
-        f"at the best K from the measured costs: {listed}. Best: 1/{1 / best['ratio']:.0f}."
+        f"at the best K from the measured costs: {listed}."
     )
     verdict = HOLDS if 0.1 <= best["ratio"] <= 0.25 else DIFFERENT
+    if best["predicted_speedup"] <= 1.0:
+        by_alpha = max(drafts, key=lambda d: d["alpha_t0"])
+        text += (
+            f" No draft pays at this budget (a tie at plain decoding's speed); by acceptance "
+            f"the best is 1/{1 / by_alpha['ratio']:.0f}." + _MORE_BUDGET
+        )
+        verdict = INCONCLUSIVE
+    else:
+        text += f" Best: 1/{1 / best['ratio']:.0f}."
     figures = {"best_ratio": best["ratio"], "best_speedup": best["predicted_speedup"]}
     return finished(f, verdict, text, figures, "drafts.png")
 
@@ -358,9 +372,14 @@ def tiny_draft(f: Finding, s: Stages) -> Finding:
     top = max(d["alpha_t0"] for d in tiny)
     listed = ", ".join(f"1/{1 / d['ratio']:.0f}: {d['alpha_t0']:.1%}" for d in tiny)
     text = f"greedy alpha of the drafts under 1/20 of the target: {listed}."
-    return finished(
-        f, HOLDS if top < 0.5 else FAILS, text, {"max_alpha_under_1_20": top}, "drafts.png"
-    )
+    verdict = HOLDS if top < 0.5 else FAILS
+    larger = [d["alpha_t0"] for d in _drafts(s, "llama") if d["ratio"] >= 0.05]
+    if verdict == HOLDS and (not larger or max(larger) < 0.5):
+        # Under 50% says nothing about size when the larger drafts are under it too.
+        best = f"{max(larger):.1%}" if larger else "none measured"
+        text += f" The larger drafts are under 50% too (best {best})." + _MORE_BUDGET
+        verdict = INCONCLUSIVE
+    return finished(f, verdict, text, {"max_alpha_under_1_20": top}, "drafts.png")
 
 
 def family(f: Finding, s: Stages) -> Finding:

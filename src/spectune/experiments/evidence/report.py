@@ -237,7 +237,8 @@ def write_report(
         "all (their running times below, as measured when each ran; a stage read from its "
         "cache file keeps its first time). Each section gives the rule as the seed states it, "
         "the figure measured here, the command that reruns its stages, and a verdict: "
-        "*holds*, *holds with a different number*, *does not hold here*, or *not run*.",
+        "*holds*, *holds with a different number*, *does not hold here*, *inconclusive at "
+        "this budget*, or *not run*.",
         "",
     ]
     ran = {r.name for r in runs}
