@@ -16,6 +16,7 @@ from typing import Any
 
 from spectune.cli.evidence import add_arguments as add_evidence_arguments
 from spectune.cli.evidence import run as run_evidence
+from spectune.drafters.pairing import RUNTIMES
 from spectune.errors import InvalidParameterError
 from spectune.experiments.common import Setup, load_setup, toy_setup
 from spectune.models.llamacpp import LLAMACPP
@@ -68,7 +69,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--precision",
         default="fp32",
-        choices=("fp32", "bf16", "int8", "int4", LLAMACPP),
+        choices=RUNTIMES,
         help="the target's runtime (tree, batch, chunked, history): fp32, bf16, int8 / int4 "
         "weight-only kernels, or llamacpp (the GGUF on llama.cpp's kernels)",
     )
@@ -339,10 +340,15 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
     from spectune.cli.common import parse_precision
     from spectune.experiments.runtimes import compare_runtimes
     from spectune.models.base import LanguageModel
+    from spectune.models.quant import PRECISIONS
 
-    names = [name for name in args.precisions.split(",") if name]
     # "llamacpp": the GGUF on llama.cpp's kernels (its own tensor types), not a precision.
-    precisions = [parse_precision(n) for n in names if n != LLAMACPP]
+    names = [
+        name if name == LLAMACPP else parse_precision(name).name
+        for name in args.precisions.split(",")
+        if name
+    ]
+    precisions = [PRECISIONS[n] for n in names if n != LLAMACPP]
     if not names:
         raise InvalidParameterError("--precisions: give at least one")
     if args.toy and LLAMACPP in names:
@@ -364,17 +370,11 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
         prompts = [tokens for _, tokens in base.prompts]
         description = "toy target"
     else:
-        from spectune.drafters.pairing import load_target
+        from spectune.drafters.pairing import load_target_at
         from spectune.prompts import load_prompts
 
         for name in names:
-            if name == LLAMACPP:
-                loaded = load_target(args.target, runtime=LLAMACPP)
-            else:
-                precision = parse_precision(name)
-                loaded = load_target(
-                    args.target, dtype=precision.dtype, quantize=precision.quantize
-                )
+            loaded = load_target_at(args.target, name)
             models[name] = loaded.model
         prompts = [
             tuple(p.tokens(loaded.tokenizer))

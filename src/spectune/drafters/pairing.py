@@ -44,14 +44,16 @@ from spectune.errors import (
     SpectuneWarning,
 )
 from spectune.models.base import LanguageModel, ModelInfo, takes_tree_masks
+from spectune.models.llamacpp import LLAMACPP
 from spectune.models.loading import load_model, resolve_model_path
-from spectune.models.quant import QuantMode
+from spectune.models.quant import PRECISIONS, QuantMode
 from spectune.models.shipped import DEFAULT_SUFFIX_INDEX, shipped_drafts, shipped_suffix_index
 from spectune.models.tokenizer import Tokenizer, load_tokenizer
 from spectune.models.vocab import TargetVocabModel
 
 __all__ = [
     "MAX_VOCAB_DIFFERENCE",
+    "RUNTIMES",
     "Loaded",
     "check_compatible",
     "compatibility_problems",
@@ -62,6 +64,7 @@ __all__ = [
     "load_drafter",
     "load_suffix_drafter",
     "load_target",
+    "load_target_at",
     "pairing_problems",
     "paired_model_drafter",
     "tree_drafter_for",
@@ -70,6 +73,9 @@ __all__ = [
 ]
 
 MAX_VOCAB_DIFFERENCE = 128
+# What a target can run on, as experiments and reports name it: a precision of the native
+# runtime (``PRECISIONS``) or the GGUF on llama.cpp's kernels.
+RUNTIMES: tuple[str, ...] = (*PRECISIONS, LLAMACPP)
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,17 @@ def load_target(
         device=device,
     )
     return Loaded(model, load_tokenizer(path), path)
+
+
+def load_target_at(ref: str, runtime: str) -> Loaded:
+    """``load_target`` on one of ``RUNTIMES`` (``fp32``, ``bf16``, ``int8``, ``int4``,
+    ``llamacpp``)."""
+    if runtime == LLAMACPP:
+        return load_target(ref, runtime=LLAMACPP)
+    if runtime not in PRECISIONS:
+        raise InvalidParameterError(f"unknown runtime {runtime!r} ({', '.join(RUNTIMES)})")
+    precision = PRECISIONS[runtime]
+    return load_target(ref, dtype=precision.dtype, quantize=precision.quantize)
 
 
 def compatibility_problems(

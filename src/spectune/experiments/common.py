@@ -21,7 +21,7 @@ from spectune.decode.engine import Generation, SpeculativeEngine
 from spectune.drafters.base import Drafter, DraftSource
 from spectune.drafters.batched import batch_source
 from spectune.drafters.model import ModelDrafter
-from spectune.drafters.pairing import fresh_drafter, load_drafter, load_target
+from spectune.drafters.pairing import fresh_drafter, load_drafter, load_target_at
 from spectune.errors import InvalidParameterError
 from spectune.models.base import (
     KVCache,
@@ -31,8 +31,6 @@ from spectune.models.base import (
     takes_tree_masks,
 )
 from spectune.models.llama import LlamaLM, LlamaTransformer
-from spectune.models.llamacpp import LLAMACPP
-from spectune.models.quant import PRECISIONS
 from spectune.models.shipped import shipped_drafts
 from spectune.models.toy import perturbed, toy_config, toy_model
 from spectune.prompts import load_prompts
@@ -256,14 +254,8 @@ def load_setup(
     template applied), ``per_category`` prompts of each category. ``draft_ref``: a path or
     shipped draft name, ``auto`` (the first shipped draft), or a stand-in (``layers:N``,
     ``noise:X``); with ``any_drafter`` also ``ngram``, ``suffix``, ``hybrid``.
-    ``precision``: the target's runtime (``PRECISIONS``, or ``llamacpp``)."""
-    if precision == LLAMACPP:
-        target = load_target(target_ref, runtime=LLAMACPP)
-    elif precision in PRECISIONS:
-        chosen = PRECISIONS[precision]
-        target = load_target(target_ref, dtype=chosen.dtype, quantize=chosen.quantize)
-    else:
-        raise InvalidParameterError(f"unknown precision {precision!r}")
+    ``precision``: the target's runtime (``RUNTIMES``)."""
+    target = load_target_at(target_ref, precision)
     if draft_ref == "auto":
         shipped = shipped_drafts()
         if not shipped:
