@@ -242,3 +242,60 @@ def test_siblings_on_different_kernels_stay_apart() -> None:
     first, second = _blocks(net)[:2]
     assert first.self_attn.qkv is None and second.self_attn.qkv is not None
     assert isinstance(first.self_attn.k_proj, Int8Linear)
+
+
+def _one_at_a_time(model: LlamaLM, prefix: list[int], tokens: list[int]) -> torch.Tensor:
+    """Logits of ``tokens`` after ``prefix``, fed one token per forward (plain decoding)."""
+    cache = model.new_cache(capacity=32)
+    model.forward(torch.tensor([prefix]), cache)
+    rows = [model.forward(torch.tensor([[t]]), cache).logits[0, 0] for t in tokens]
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_quantised_position_scores_alike_alone_and_beside_others(mode: str) -> None:
+    """Batch invariance: on the weight-only kernels a position's logits are the same bits
+    in a verification chunk, in a ragged batch and in a token tree as in one-token
+    decoding, so speculative greedy output cannot drift from plain greedy output."""
+    model = _quantised(_quantisable_toy(), mode)
+    assert model.batch_invariant
+    prefix, chunk = [1, 5, 9, 22], [40, 7, 3, 61, 12, 8]
+    alone = _one_at_a_time(model, prefix, chunk)
+    cache = model.new_cache(capacity=32)
+    model.forward(torch.tensor([prefix]), cache)
+    assert torch.equal(model.forward(torch.tensor([chunk]), cache).logits[0], alone)
+
+    # Ragged batch: a second, longer sequence beside the first.
+    other_prefix = [1, 30, 31, 32, 33, 34, 35]
+    batch = model.new_cache(batch_size=2, capacity=32)
+    first = model.new_cache(capacity=32)
+    model.forward(torch.tensor([prefix]), first)
+    second = model.new_cache(capacity=32)
+    model.forward(torch.tensor([other_prefix]), second)
+    for row, held in enumerate((first, second)):
+        for layer in range(len(batch.keys)):
+            batch.keys[layer][row] = held.keys[layer][0]
+            batch.values[layer][row] = held.values[layer][0]
+        batch.lengths[row] = held.lengths[0]
+    got = model.forward(torch.tensor([chunk[:3], chunk[3:]]), batch).logits
+    assert torch.equal(got[0], alone[:3])
+    assert torch.equal(got[1], _one_at_a_time(model, other_prefix, chunk[3:]))
+
+    # Token tree: node 0, its children 1 and 2, and 3 under 2; path 0-2-3 as plain decoding.
+    parents = [-1, 0, 0, 2]
+    seen = torch.zeros(1, 4, 4, dtype=torch.bool)
+    depth = []
+    for node, parent in enumerate(parents):
+        seen[0, node, node] = True
+        if parent >= 0:
+            seen[0, node] |= seen[0, parent]
+        depth.append(0 if parent < 0 else depth[parent] + 1)
+    tree = model.new_cache(capacity=32)
+    model.forward(torch.tensor([prefix]), tree)
+    nodes = [chunk[0], chunk[1], chunk[2], chunk[3]]
+    positions = torch.tensor([[len(prefix) + d for d in depth]])
+    scored = model.forward(
+        torch.tensor([nodes]), tree, positions=positions, chunk_mask=seen
+    ).logits[0]
+    path = _one_at_a_time(model, prefix, [nodes[0], nodes[2], nodes[3]])
+    assert torch.equal(scored[[0, 2, 3]], path)

@@ -7,6 +7,18 @@ and decodes (against a ``StaticKVCache``, where rollback is O(1)).
 
 Hot path: ``LlamaLM.forward``. On CPU a decode step is memory-bandwidth bound (the
 weights are read once per forward), so verifying K + 1 tokens costs little more than one.
+
+Batch invariance (``LlamaLM.batch_invariant``): speculative greedy output equals plain
+greedy output only if a position's logits do not depend on which other rows share its
+forward. PyTorch's weight-only int4/int8 kernels compute every row alike whatever the row
+count, and so do the norms and element-wise ops; attention does not (SDPA's result for a
+query moves in the last bits with the number of queries and with masked keys), and in
+bf16 or int4/int8's bf16 kernel inputs those bits can flip a near-tie. With
+``batch_invariant`` each query row of a short forward (at most ``ROW_EXACT_MAX_ROWS``:
+decode steps, verification, trees; not long prompt prefills) attends in its own SDPA call
+over exactly the slots it sees, the very call one-token decoding makes, so on int4/int8
+a verified position's logits are bit-identical to plain decoding's (``test_quant``).
+fp32 and bf16 matmuls themselves vary with the row count, so there it buys nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +35,19 @@ from spectune.errors import PromptError
 from spectune.models.base import ModelInfo, ModelOutput
 from spectune.models.kv_cache import StaticKVCache
 
-__all__ = ["LlamaConfig", "LlamaLM", "LlamaTransformer", "truncated"]
+__all__ = [
+    "ROW_EXACT_MAX_ROWS",
+    "LlamaConfig",
+    "LlamaLM",
+    "LlamaTransformer",
+    "RowKeys",
+    "truncated",
+]
+
+# Forwards of up to this many rows attend row by row when batch invariance is on: every
+# decode step, verification chunk and tree; longer prompt prefills stay one SDPA call (a
+# prefill is the same in plain and speculative decoding, so it needs no invariance).
+ROW_EXACT_MAX_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -102,6 +126,44 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos[:, :, None, :].to(x.dtype) + rotated * sin[:, :, None, :].to(x.dtype)
 
 
+@dataclass(frozen=True)
+class RowKeys:
+    """Batch-invariant attention: per query row, ``(sequence, chunk row, seen)`` with
+    ``seen`` the cache slots the row attends to: a prefix ``slice(0, n)``, or in a token
+    tree the prefix and the node's ancestors as an index (``row_keys``)."""
+
+    rows: tuple[tuple[int, int, slice | Tensor], ...]
+
+    def attend(self, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        """queries [batch, heads, chunk, dim]; keys/values [batch, kv_heads, slots, dim]
+        -> [batch, heads, chunk, dim], each row by the call one-token decoding makes."""
+        out = torch.empty_like(queries)
+        for b, i, seen in self.rows:
+            out[b, :, i] = F.scaled_dot_product_attention(
+                queries[b : b + 1, :, i : i + 1],
+                keys[b : b + 1, :, seen],
+                values[b : b + 1, :, seen],
+                enable_gqa=True,
+            )[0, :, 0]
+        return out
+
+
+def row_keys(lengths: list[int], chunk: int, chunk_mask: Tensor | None) -> RowKeys:
+    """The slots each query row of a chunk sees: its sequence's prefix and, inside the
+    chunk, the earlier rows (a chain) or the rows ``chunk_mask`` shows it (a tree)."""
+    rows: list[tuple[int, int, slice | Tensor]] = []
+    for b, length in enumerate(lengths):
+        for i in range(chunk):
+            seen: slice | Tensor = slice(0, length + i + 1)
+            if chunk_mask is not None:
+                inside = chunk_mask[b, i].nonzero()[:, 0].cpu()
+                if not torch.equal(inside, torch.arange(i + 1)):
+                    index = torch.cat((torch.arange(length), inside + length))
+                    seen = index.to(chunk_mask.device)
+            rows.append((b, i, seen))
+    return RowKeys(tuple(rows))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
@@ -134,6 +196,7 @@ class Attention(nn.Module):
         slots: Tensor | None,  # [batch, chunk]
         mask: Tensor | None,  # [batch, 1, chunk, used] bool, True = may attend
         used: int,
+        rows: RowKeys | None = None,
     ) -> Tensor:
         cfg = self.cfg
         batch, chunk, _ = x.shape
@@ -155,9 +218,12 @@ class Attention(nn.Module):
             assert slots is not None
             cache.write(layer, slots, k, v)
             keys, values = cache.view(layer, used)  # [batch, kv_heads, used, head_dim]
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
-            )
+            if rows is not None:
+                out = rows.attend(q.transpose(1, 2), keys, values)
+            else:
+                out = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True
+                )
         projected: Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, chunk, -1))
         return projected
 
@@ -197,8 +263,12 @@ class Block(nn.Module):
         slots: Tensor | None,
         mask: Tensor | None,
         used: int,
+        rows: RowKeys | None = None,
     ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, slots, mask, used)
+        attended = self.self_attn(
+            self.input_layernorm(x), cos, sin, cache, layer, slots, mask, used, rows
+        )
+        x = x + attended
         mlp_out: Tensor = self.mlp(self.post_attention_layernorm(x))
         return x + mlp_out
 
@@ -225,19 +295,21 @@ class LlamaTransformer(nn.Module):
         mask: Tensor | None = None,  # [batch, 1, chunk, used]
         used: int = 0,
         capture: tuple[int, ...] = (),
+        rows: RowKeys | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Returns (logits [batch, chunk, vocab], states [batch, chunk, hidden * n]).
 
         The states are the last hidden state after the final norm, or with ``capture`` the
         concatenated outputs of those blocks (the residual stream after block i; the last
         block's is taken after the final norm), which multi-layer draft heads read.
+        ``rows``: attend row by row (batch invariance, ``RowKeys``) instead of with ``mask``.
         """
         x = self.embed_tokens(tokens)
         cos, sin = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
         last = len(self.layers) - 1
         captured: list[Tensor] = []
         for i, block in enumerate(self.layers):
-            x = block(x, cos, sin, cache, i, slots, mask, used)
+            x = block(x, cos, sin, cache, i, slots, mask, used, rows)
             if i in capture and i != last:
                 captured.append(x)
         hidden = self.norm(x)
@@ -285,6 +357,21 @@ class LlamaLM:
             name=name or cfg.name, num_parameters=sum(p.numel() for p in net.parameters())
         )
         self.feature_layers: tuple[int, ...] = ()  # () = the last hidden state only
+        self._batch_invariant: bool | None = None  # decided at the first forward
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether short forwards attend row by row, so a position's logits do not depend
+        on the rows beside it (module docstring). On by default where the linear layers
+        are on the weight-only kernels (int4, int8), the runtimes where that makes
+        speculative greedy output equal plain greedy output; set it to measure its cost."""
+        if self._batch_invariant is None:
+            self._batch_invariant = self.precision in ("int4", "int8")
+        return self._batch_invariant
+
+    @batch_invariant.setter
+    def batch_invariant(self, on: bool) -> None:
+        self._batch_invariant = on
 
     def expose_layers(self, layers: tuple[int, ...]) -> None:
         """Make ``forward``'s ``hidden`` the concatenated states of ``layers`` (ascending),
@@ -357,7 +444,12 @@ class LlamaLM:
             )
         device = self.device
         slots = cache.slots(chunk)  # on the cache's device
-        mask, used = attention_mask(cache.lengths, chunk, slots, chunk_mask)
+        rows = None
+        if self.batch_invariant and chunk <= ROW_EXACT_MAX_ROWS:
+            rows = row_keys(cache.lengths, chunk, chunk_mask)
+            mask, used = None, max(cache.lengths) + chunk
+        else:
+            mask, used = attention_mask(cache.lengths, chunk, slots, chunk_mask)
         logits, hidden = self.net(
             tokens.to(device),
             slots if positions is None else positions.to(device),
@@ -366,6 +458,7 @@ class LlamaLM:
             mask,
             used,
             self.feature_layers,
+            rows,
         )
         cache.advance(chunk)
         # ``to`` is free on the CPU; from a GPU it brings the step's outputs to the decode loop.
