@@ -22,8 +22,7 @@ def _names(text: str) -> tuple[str, ...]:
 def register(subparsers: Any) -> None:
     from spectune.bench.plan import SYSTEM_KEYS
     from spectune.cli.common import add_device_arg
-    from spectune.models.llamacpp import LLAMACPP
-    from spectune.models.quant import PRECISIONS
+    from spectune.drafters.pairing import TARGET_PRECISIONS
 
     parser = subparsers.add_parser(
         "bench",
@@ -52,7 +51,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--dtype",
         action="append",
-        choices=(*PRECISIONS, LLAMACPP),
+        choices=TARGET_PRECISIONS,
         default=None,
         help="repeatable: fp32, bf16, int8, int4 (weight-only kernels on the CPU), or "
         "llamacpp (the GGUF on llama.cpp's kernels, with llama.cpp's own decoding as anchors; "

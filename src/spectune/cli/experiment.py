@@ -16,7 +16,7 @@ from typing import Any
 
 from spectune.cli.evidence import add_arguments as add_evidence_arguments
 from spectune.cli.evidence import run as run_evidence
-from spectune.drafters.pairing import RUNTIMES
+from spectune.drafters.pairing import TARGET_PRECISIONS
 from spectune.errors import InvalidParameterError
 from spectune.experiments.common import Setup, load_setup, toy_setup
 from spectune.models.llamacpp import LLAMACPP
@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--precision",
         default="fp32",
-        choices=RUNTIMES,
+        choices=TARGET_PRECISIONS,
         help="the target's runtime (tree, batch, chunked, history): fp32, bf16, int8 / int4 "
         "weight-only kernels, or llamacpp (the GGUF on llama.cpp's kernels)",
     )

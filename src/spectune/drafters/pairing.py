@@ -53,7 +53,7 @@ from spectune.models.vocab import TargetVocabModel
 
 __all__ = [
     "MAX_VOCAB_DIFFERENCE",
-    "RUNTIMES",
+    "TARGET_PRECISIONS",
     "Loaded",
     "check_compatible",
     "compatibility_problems",
@@ -73,9 +73,9 @@ __all__ = [
 ]
 
 MAX_VOCAB_DIFFERENCE = 128
-# What a target can run on, as experiments and reports name it: a precision of the native
-# runtime (``PRECISIONS``) or the GGUF on llama.cpp's kernels.
-RUNTIMES: tuple[str, ...] = (*PRECISIONS, LLAMACPP)
+# How a target can run, as experiments and the bench's --dtype name it: a precision of the
+# native runtime (``PRECISIONS``) or the GGUF on llama.cpp's kernels.
+TARGET_PRECISIONS: tuple[str, ...] = (*PRECISIONS, LLAMACPP)
 
 
 @dataclass(frozen=True)
@@ -109,15 +109,17 @@ def load_target(
     return Loaded(model, load_tokenizer(path), path)
 
 
-def load_target_at(ref: str, runtime: str) -> Loaded:
-    """``load_target`` on one of ``RUNTIMES`` (``fp32``, ``bf16``, ``int8``, ``int4``,
-    ``llamacpp``)."""
-    if runtime == LLAMACPP:
+def load_target_at(ref: str, precision: str) -> Loaded:
+    """``load_target`` at one of ``TARGET_PRECISIONS`` (``fp32``, ``bf16``, ``int8``,
+    ``int4``, ``llamacpp``)."""
+    if precision == LLAMACPP:
         return load_target(ref, runtime=LLAMACPP)
-    if runtime not in PRECISIONS:
-        raise InvalidParameterError(f"unknown runtime {runtime!r} ({', '.join(RUNTIMES)})")
-    precision = PRECISIONS[runtime]
-    return load_target(ref, dtype=precision.dtype, quantize=precision.quantize)
+    if precision not in PRECISIONS:
+        raise InvalidParameterError(
+            f"unknown precision {precision!r} ({', '.join(TARGET_PRECISIONS)})"
+        )
+    chosen = PRECISIONS[precision]
+    return load_target(ref, dtype=chosen.dtype, quantize=chosen.quantize)
 
 
 def compatibility_problems(

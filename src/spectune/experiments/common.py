@@ -254,7 +254,7 @@ def load_setup(
     template applied), ``per_category`` prompts of each category. ``draft_ref``: a path or
     shipped draft name, ``auto`` (the first shipped draft), or a stand-in (``layers:N``,
     ``noise:X``); with ``any_drafter`` also ``ngram``, ``suffix``, ``hybrid``.
-    ``precision``: the target's runtime (``RUNTIMES``)."""
+    ``precision``: how the target runs (``TARGET_PRECISIONS``)."""
     target = load_target_at(target_ref, precision)
     if draft_ref == "auto":
         shipped = shipped_drafts()
