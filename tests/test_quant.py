@@ -299,3 +299,22 @@ def test_a_quantised_position_scores_alike_alone_and_beside_others(mode: str) ->
     ).logits[0]
     path = _one_at_a_time(model, prefix, [nodes[0], nodes[2], nodes[3]])
     assert torch.equal(scored[[0, 2, 3]], path)
+
+
+def test_dtype_auto_runs_a_4_bit_gguf_on_int4_and_anything_else_on_fp32(tmp_path: Path) -> None:
+    """``--dtype auto``: the int4 kernel where the file's layers are Q4_0/Q4_1 blocks on the
+    native runtime and the CPU; fp32 for 8-bit files, llama.cpp, a GPU and model folders."""
+    from spectune.cli.common import auto_precision
+    from spectune.models.loading import save_native
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for layer_type, expected in ((Q.Q4_1, "int4"), (Q.Q4_0, "int4"), (Q.Q8_0, "fp32")):
+        path = tmp_path / f"toy-{layer_type.name}.gguf"
+        write_gguf(path, _quantisable_toy(), layer_type)
+        assert auto_precision(str(path), "auto", cpu).name == expected
+    four_bit = str(tmp_path / "toy-Q4_1.gguf")
+    assert auto_precision(four_bit, "llamacpp", cpu).name == "fp32"
+    assert auto_precision(four_bit, "auto", cuda).name == "fp32"
+    save_native(_quantisable_toy(), tmp_path / "folder")
+    assert auto_precision(str(tmp_path / "folder"), "auto", cpu).name == "fp32"
+    assert auto_precision("default", None, cpu).name == "int4"  # SmolLM2's Q4_1 file

@@ -29,6 +29,7 @@ from typing import Any
 from spectune.cli.common import add_model_args, parse_numbers
 from spectune.cli.tune_report import print_summary, report_data, report_markdown
 from spectune.control.config import PolicySpec, load_policy_file
+from spectune.control.crossover import runtime_of
 from spectune.control.tune import TuneResult, params_spec, policy_toml
 from spectune.control.workload import RecordedRequest, StepCosts, Workload
 from spectune.errors import InvalidParameterError
@@ -330,7 +331,7 @@ class _Session:
                     texts[m.system].append(m.result.tokens)
                 progress.advance(task)
 
-            bench = Workbench(self.args.dtype, model, None, list(systems), {})
+            bench = Workbench(runtime_of(model), model, None, list(systems), {})
             run_interleaved(bench, schedule, listen)
         measured = {
             name: {

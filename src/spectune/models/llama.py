@@ -444,12 +444,11 @@ class LlamaLM:
             )
         device = self.device
         slots = cache.slots(chunk)  # on the cache's device
+        mask, used = attention_mask(cache.lengths, chunk, slots, chunk_mask)
         rows = None
-        if self.batch_invariant and chunk <= ROW_EXACT_MAX_ROWS:
-            rows = row_keys(cache.lengths, chunk, chunk_mask)
-            mask, used = None, max(cache.lengths) + chunk
-        else:
-            mask, used = attention_mask(cache.lengths, chunk, slots, chunk_mask)
+        # One token of one sequence (mask None) already makes the one-row SDPA call.
+        if self.batch_invariant and mask is not None and chunk <= ROW_EXACT_MAX_ROWS:
+            rows, mask = row_keys(cache.lengths, chunk, chunk_mask), None
         logits, hidden = self.net(
             tokens.to(device),
             slots if positions is None else positions.to(device),

@@ -48,6 +48,7 @@ __all__ = [
     "native_from_folder",
     "resolve_model_path",
     "save_native",
+    "stored_in_4_bits",
 ]
 
 DEFAULT_TARGET = "default"
@@ -222,6 +223,18 @@ def _gguf_field(reader: Any, key: str, default: Any = None) -> Any:
 
 def gguf_architecture(path: Path) -> str:
     return str(_gguf_field(_gguf_reader(path), "general.architecture", ""))
+
+
+def stored_in_4_bits(ref: str | Path) -> bool:
+    """Whether ``ref`` is a Llama-family GGUF whose linear layers are Q4_0 / Q4_1 blocks,
+    which the native runtime's int4 kernel takes as stored (``spectune.models.quant``)."""
+    path = resolve_model_path(ref)
+    if not path.is_file() or path.suffix != ".gguf":
+        return False
+    reader = _gguf_reader(path)
+    if str(_gguf_field(reader, "general.architecture", "")) != "llama":
+        return False
+    return any(tensor.tensor_type.name in ("Q4_0", "Q4_1") for tensor in reader.tensors)
 
 
 def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
