@@ -134,12 +134,58 @@ def test_unreadable_crossover_files_mean_not_measured(
 
 
 def test_shipped_crossover_file_is_well_formed() -> None:
+    """Each entry holds a crossover, or (under a draft-agnostic key) a verification curve,
+    with the command that measured it."""
     from spectune.control.crossover import _shipped
 
     for key, entry in _shipped().items():
         assert key.count("|") in (2, 3), key  # target|parameters|draft[|runtime]
-        assert isinstance(entry["speculate_max_batch"], int)
-        assert entry["command"].startswith("spectune experiment batch"), key
+        assert "speculate_max_batch" in entry or "verify_curve" in entry, key
+        if "speculate_max_batch" in entry:
+            assert isinstance(entry["speculate_max_batch"], int)
+            assert entry["command"].startswith("spectune experiment batch"), key
+        if "verify_curve" in entry:
+            assert key.split("|")[2] == "*", key
+            assert entry["verify_curve_command"].startswith("spectune experiment runtimes"), key
+
+
+def test_verification_curves_come_from_this_machine_first_then_the_shipped_file(
+    toy_target: LlamaLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per runtime; a malformed curve counts as never measured."""
+    import spectune.control.crossover as crossover_module
+    from spectune.control.crossover import crossover_path, load_verify_curve, verify_curve_of
+
+    key = f"{toy_target.info.name}|{toy_target.info.num_parameters}|*"
+    shipped = {
+        f"{key}|int4": {"verify_curve": {"sizes": [1, 2, 4], "relative": [1.0, 1.3, 1.9]}},
+        key: {"verify_curve": {"sizes": [2, 1], "relative": [1.0, 1.0]}},  # not ascending
+    }
+    monkeypatch.setattr(crossover_module, "_shipped", lambda: shipped)
+    curve = load_verify_curve(toy_target.info, "int4")
+    assert curve is not None and curve.sizes == (1, 2, 4) and curve.relative(3) == 1.9
+    assert verify_curve_of(toy_target) is None  # fp32: only a malformed entry
+    assert load_verify_curve(toy_target.info, "int8") is None
+    crossover_path().parent.mkdir(parents=True, exist_ok=True)
+    local = {f"{key}|int4": {"verify_curve": {"sizes": [1, 2], "relative": [1.0, 1.1]}}}
+    crossover_path().write_text(json.dumps(local))
+    mine = load_verify_curve(toy_target.info, "int4")
+    assert mine is not None and mine.sizes == (1, 2)
+
+
+@pytest.mark.slow
+def test_the_default_target_has_a_shipped_verification_curve_per_runtime(smollm2) -> None:  # type: ignore[no-untyped-def]
+    """What the cost policy of generate and serve starts from on a fresh machine: flat on
+    fp32, dear on int4 and llama.cpp (measured)."""
+    from spectune.control.crossover import load_verify_curve
+
+    curves = {
+        runtime: load_verify_curve(smollm2.model.info, runtime)
+        for runtime in ("fp32", "bf16", "int8", "int4", "llamacpp")
+    }
+    assert all(curve is not None for curve in curves.values()), curves
+    assert curves["fp32"].relative(4) < 1.3 < curves["int4"].relative(4)  # type: ignore[union-attr]
+    assert curves["int4"].relative(4) < curves["llamacpp"].relative(4)  # type: ignore[union-attr]
 
 
 @pytest.mark.slow

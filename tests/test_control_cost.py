@@ -29,8 +29,9 @@ def test_all_accepted_with_a_cheap_draft_goes_to_max_k() -> None:
 
 
 def test_a_steep_curve_keeps_k_small() -> None:
-    # alpha = 0.5: one of two drafted tokens accepted and then a rejection.
-    policy = cost(STEEP, initial_k=2, prior_tokens=0.0)
+    # alpha = 0.5: one of two drafted tokens accepted and then a rejection. (A prior of
+    # 0.9, weightless, keeps the warm-up at K = 2, where the script needs it.)
+    policy = cost(STEEP, initial_k=2, prior_tokens=0.0, prior_alpha=0.9)
     steps = [ScriptedStep(0.5, draft_time_per_token=0.001, target_time=0.018)] * 12
     trajectory = drive(policy, steps)
     assert policy.alpha == pytest.approx(0.5)
@@ -128,3 +129,11 @@ def test_state_is_reported() -> None:
     state = policy.state()
     assert set(state) == {"k", "alpha", "draft_cost", "predicted_speedup"}
     assert state["alpha"] == pytest.approx(0.75)
+
+
+def test_with_a_known_curve_the_warm_up_drafts_what_the_prior_predicts_pays() -> None:
+    """Dear verification: the warm-up probes at K = 1 instead of paying for K = 4 drafts
+    (the int4 demo lost 22% that way); flat or unknown: ``initial_k``."""
+    assert CostK(cost_curve=STEEP).plan().k == 1
+    assert CostK(cost_curve=FLAT).plan().k == 4
+    assert CostK().plan().k == 4

@@ -20,6 +20,7 @@ from spectune.cli.common import (
 )
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
+from spectune.control.crossover import verify_curve_of
 from spectune.control.registry import build_policy
 from spectune.decode.engine import Generation, SpeculativeEngine
 from spectune.decode.text import stream_text
@@ -177,12 +178,13 @@ def run(args: argparse.Namespace) -> int:
     check_prompt_args(args)
     spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
-    policy = build_policy(spec, params=params)  # checks the options before loading models
+    build_policy(spec, params=params)  # checks the options before loading models
     if args.threads is not None:
         if args.threads < 1:
             raise InvalidParameterError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     target, drafter = load_models(args)
+    policy = build_policy(spec, params=params, cost_curve=verify_curve_of(target.model))
     if args.tree_width is not None or args.tree_nodes is not None:
         drafter = tree_drafter(drafter, target.model, args)
     prompt = prompt_tokens(args, target.tokenizer)

@@ -26,6 +26,7 @@ from spectune.cli.common import (
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.config import PolicySpec
+from spectune.control.crossover import verify_curve_of
 from spectune.control.registry import build_policy
 from spectune.drafters.pairing import with_history
 from spectune.drafters.suffix_index import HistoryStore
@@ -163,10 +164,12 @@ def _serve(
         drafter = with_history(drafter, HistoryStore(args.suffix_history_tokens))
     draft = DraftSource(drafter)
 
+    curve = verify_curve_of(target.model)
+
     def default_policy(params: SamplingParams) -> KPolicy:
         if draft.name is None:
             return FixedK(0)
-        return build_policy(spec, params=params)
+        return build_policy(spec, params=params, cost_curve=curve)
 
     engine, policies, context = build_engine(target.model, draft, settings, default_policy)
     # The file or folder name reads better than GGUF metadata names (which hold spaces).

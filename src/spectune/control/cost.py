@@ -54,7 +54,7 @@ __all__ = ["CostConfig", "CostK", "LearnedCurve"]
 
 @dataclass(frozen=True)
 class CostConfig:
-    initial_k: int = 4  # K while the measurements warm up
+    initial_k: int = 4  # K while the measurements warm up (less where a known curve says so)
     max_k: int = 8
     smoothing: float = 0.2  # EWMA weight of the newest step
     warmup_steps: int = 3  # speculative steps at initial_k before the model decides
@@ -135,7 +135,7 @@ class CostK:
         self.config = config or CostConfig()
         self.cost_curve = cost_curve
         self.learned = LearnedCurve(self.config.smoothing, self.config.verify_slope_prior)
-        self.k = self.config.initial_k
+        self.k = self._opening_k()
         self.speculative_steps = 0
         self.plain_tokens = 0  # plain tokens since the last probe (or since K fell to 0)
         # EWMA draft tokens tested per step (accepted + one rejected) and accepted per step,
@@ -148,6 +148,23 @@ class CostK:
         # Groups by draft length 0..max_k from the current estimates (``_group_table``);
         # None until asked. Every observation moves the estimates and clears it.
         self._table: tuple[int, ...] | None = None
+
+    def _opening_k(self) -> int:
+        """K for the warm-up steps: ``initial_k``, or with a curve known up front the K in
+        1..initial_k that the prior acceptance and free drafting predict best, where it
+        beats ``initial_k`` by the margin. On a flat curve that is ``initial_k``; where
+        verification is dear (int4: 5 tokens cost 1.7x one) the warm-up probes at K = 1
+        instead of paying for long drafts first."""
+        cfg, curve = self.config, self.cost_curve
+        if curve is None:
+            return cfg.initial_k
+        speedups = {
+            k: predicted_speedup(cfg.prior_alpha, 0.0, curve, k)
+            for k in range(1, cfg.initial_k + 1)
+        }
+        best = max(speedups, key=speedups.__getitem__)
+        # Like every change of K, a smaller one must win by the margin.
+        return cfg.initial_k if speedups[cfg.initial_k] + cfg.margin >= speedups[best] else best
 
     @property
     def alpha(self) -> float | None:

@@ -1,4 +1,5 @@
-"""The measured batch size above which speculation stops paying, per target and draft.
+"""Measured facts of a target on a runtime: the batch size above which speculation stops
+paying (per draft), and the verification-cost curve.
 
 ``spectune experiment batch`` measures throughput with and without speculation at batch
 sizes 1..16 and records the largest size at which speculation still wins; ``BatchEngine``
@@ -11,6 +12,12 @@ Where it is looked up, first hit wins:
 2. the measurements shipped with spectune (``assets/crossover.json``: the embedded default
    target with the shipped draft, measured on the 2-core CPU this project is built on;
    each entry names the command that produced it).
+
+The verification-cost curve (``load_verify_curve``: what a forward over n tokens costs
+relative to one, ``spectune experiment runtimes``) is kept under the draft-agnostic key of
+each runtime. It is the prior the ``cost`` policy starts from in ``generate`` and ``serve``
+(the bench measures its own): on int4 and llama.cpp verification is dear, and a policy
+that assumed a flat curve speculated for its first steps and lost (the demo on int4: 0.78x).
 
 Keys: the target's name and parameter count, then the drafter's name (``|*`` for a value
 that holds whatever drafts: an older or a draft-agnostic measurement), then the runtime
@@ -26,9 +33,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from spectune.models.base import ModelInfo
+from spectune.control.costs import CostCurve
+from spectune.models.base import LanguageModel, ModelInfo
 
-__all__ = ["crossover_path", "load_crossover", "runtime_of", "save_crossover"]
+__all__ = [
+    "crossover_path",
+    "load_crossover",
+    "load_verify_curve",
+    "runtime_of",
+    "save_crossover",
+    "verify_curve_of",
+]
 
 ANY_DRAFT = "*"
 FP32 = "fp32"
@@ -57,6 +72,36 @@ def _read(text: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _curve(data: dict[str, Any], info: ModelInfo, runtime: str) -> CostCurve | None:
+    entry = data.get(_key(info, None, runtime))
+    found = entry.get("verify_curve") if isinstance(entry, dict) else None
+    if not isinstance(found, dict):
+        return None
+    sizes, relative = found.get("sizes"), found.get("relative")
+    if not isinstance(sizes, list) or not isinstance(relative, list) or not sizes:
+        return None
+    if len(sizes) != len(relative) or sizes[0] != 1 or sizes != sorted(set(sizes)):
+        return None
+    if not all(isinstance(v, int | float) and v > 0 for v in relative):
+        return None
+    return CostCurve(tuple(int(n) for n in sizes), tuple(float(v) for v in relative))
+
+
+def load_verify_curve(info: ModelInfo, runtime: str = FP32) -> CostCurve | None:
+    """The recorded verification-cost curve of this target on this runtime (seconds
+    relative to a one-token forward), or None if never measured or unreadable."""
+    try:
+        local = _read(crossover_path().read_text(encoding="utf-8"))
+    except OSError:
+        local = {}
+    return _curve(local, info, runtime) or _curve(_shipped(), info, runtime)
+
+
+def verify_curve_of(model: LanguageModel) -> CostCurve | None:
+    """``load_verify_curve`` for a loaded model on the runtime it runs on."""
+    return load_verify_curve(model.info, runtime_of(model))
 
 
 def _lookup(data: dict[str, Any], info: ModelInfo, draft: str | None, runtime: str) -> int | None:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from spectune.control.base import FixedK, KPolicy
+from spectune.control.crossover import verify_curve_of
 from spectune.control.registry import make_policy
 from spectune.errors import SpectuneError
 from spectune.models.base import LanguageModel
@@ -87,6 +88,7 @@ class Service:
             policies=policies,
         )
         self.context_limit = context_limit or served.model.info.max_context
+        self.cost_curve = verify_curve_of(served.model)  # the cost policy's prior
 
     # -- checking a request ---------------------------------------------------------------
 
@@ -224,7 +226,7 @@ class Service:
                 if options.k is None
                 else {"k" if options.policy == "fixed" else "initial_k": options.k}
             )
-            policy = make_policy(options.policy, config, params=params)
+            policy = make_policy(options.policy, config, params=params, cost_curve=self.cost_curve)
         elif options.k is not None:
             policy = FixedK(options.k)
         else:
