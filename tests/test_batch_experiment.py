@@ -45,6 +45,26 @@ def test_experiment_commands_run_on_toy_models(
     assert capsys.readouterr().out  # a table was printed
 
 
+def test_runtimes_experiment_records_each_runtimes_curve_for_this_machine(
+    private_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``experiment runtimes`` compares the runtimes and leaves each one's verification
+    curve where generate and serve start the cost policy from."""
+    from spectune.control.crossover import load_verify_curve
+    from spectune.experiments.common import toy_setup
+
+    out = private_cache / "runtimes.json"
+    argv = ["experiment", "runtimes", "--toy", "--precisions", "fp32,bf16", "--max-tokens", "4"]
+    assert main([*argv, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["precision"] for r in report["runtimes"]] == ["fp32", "bf16"]
+    assert "recorded the verification curves" in capsys.readouterr().out
+    info = toy_setup().target.info
+    for runtime in ("fp32", "bf16"):
+        curve = load_verify_curve(info, runtime)
+        assert curve is not None and curve.seconds[0] == 1.0 and len(curve.sizes) > 4
+
+
 def test_precision_needs_the_real_target(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["experiment", "batch", "--toy", "--precision", "int4"]) != 0
     assert "--precision" in capsys.readouterr().err

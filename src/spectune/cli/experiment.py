@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -338,6 +339,7 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
     import torch
 
     from spectune.cli.common import parse_precision
+    from spectune.control.crossover import runtime_of, save_verify_curve
     from spectune.experiments.runtimes import compare_runtimes
     from spectune.models.base import LanguageModel
     from spectune.models.quant import PRECISIONS
@@ -366,7 +368,7 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
         for precision in precisions:
             net = copy.deepcopy(base.target.net).to(precision.dtype)
             quantize_net(net, precision.quantize)
-            models[precision.name] = LlamaLM(net)
+            models[precision.name] = LlamaLM(net, name=base.target.info.name)
         prompts = [tokens for _, tokens in base.prompts]
         description = "toy target"
     else:
@@ -406,6 +408,17 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
         ["precision", *(f"v({n - 1})" for n in results[0].curve.sizes[1:])],
         [[r.precision, *(s / r.curve.seconds[0] for s in r.curve.seconds[1:])] for r in results],
     )
+    # What generate and serve start the cost policy from on this machine (crossover.py).
+    measured = f"{time.strftime('%Y-%m-%d')}, {torch.get_num_threads()} threads"
+    for r in results:
+        model = models[r.precision]
+        path = save_verify_curve(
+            model.info,
+            r.curve,
+            {"verify_curve_command": args.command_line, "verify_curve_measured": measured},
+            runtime=runtime_of(model),
+        )
+    print(f"recorded the verification curves in {path}")
     return {
         "setup": description,
         "prompts": len(prompts),

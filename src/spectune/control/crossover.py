@@ -42,6 +42,7 @@ __all__ = [
     "load_verify_curve",
     "runtime_of",
     "save_crossover",
+    "save_verify_curve",
     "verify_curve_of",
 ]
 
@@ -140,15 +141,33 @@ def save_crossover(
     draft: str | None = None,
     runtime: str = FP32,
 ) -> Path:
-    """Record the crossover on this machine (atomically: a concurrent reader never sees
-    half a file)."""
+    """Record the crossover on this machine."""
+    return _store(
+        _key(info, draft, runtime), {"speculate_max_batch": speculate_max_batch, **detail}
+    )
+
+
+def save_verify_curve(
+    info: ModelInfo, curve: CostCurve, detail: dict[str, object], runtime: str = FP32
+) -> Path:
+    """Record this machine's verification-cost curve of a target on a runtime (relative to
+    one token), which ``load_verify_curve`` then prefers to the shipped one."""
+    relative = [round(s / curve.seconds[0], 4) for s in curve.seconds]
+    entry = {"verify_curve": {"sizes": list(curve.sizes), "relative": relative}, **detail}
+    return _store(_key(info, None, runtime), entry)
+
+
+def _store(key: str, fields: dict[str, object]) -> Path:
+    """Merge ``fields`` into this machine's entry ``key`` (atomically: a concurrent reader
+    never sees half a file)."""
     path = crossover_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         data = _read(path.read_text(encoding="utf-8"))
     except OSError:
         data = {}
-    data[_key(info, draft, runtime)] = {"speculate_max_batch": speculate_max_batch, **detail}
+    entry = data.get(key)
+    data[key] = {**(entry if isinstance(entry, dict) else {}), **fields}
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
     tmp.replace(path)
