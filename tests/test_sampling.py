@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spectune.errors import InvalidParameterError
-from spectune.sampling import SamplingParams, process_logits, sample_from
+from spectune.sampling import SamplingParams, argmax_rows, process_logits, sample_from
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]])  # [1, vocab]
 
@@ -72,3 +72,14 @@ def test_sample_from_never_draws_a_zero_probability_token() -> None:
 def test_bad_parameters_are_one_line_errors(kwargs: dict[str, object]) -> None:
     with pytest.raises(InvalidParameterError):
         SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_argmax_rows_is_torchs_argmax_ties_included() -> None:
+    """The fast CPU path (numpy) picks what torch.argmax picks: the first maximum, also
+    with ties and infinities, in fp32 and in bf16 (torch's own path)."""
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randint(0, 4, (64, 300), generator=generator).float()  # many ties
+    logits[5, 7] = float("inf")
+    logits[6] = float("-inf")
+    for rows in (logits, logits.to(torch.bfloat16), logits[:, ::2], logits[:1]):
+        assert argmax_rows(rows) == rows.argmax(-1).tolist()

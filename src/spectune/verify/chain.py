@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from spectune.sampling import SamplingParams, process_logits, sample_from
+from spectune.sampling import SamplingParams, argmax_rows, process_logits, sample_from
 
 __all__ = [
     "VerifyResult",
@@ -173,9 +173,7 @@ def verify_greedy(
 ) -> VerifyResult:
     """Temperature 0: keep draft tokens while they equal the target's argmax."""
     k = draft_tokens.shape[0]
-    result = verify_group_greedy(
-        draft_tokens.tolist(), target_logits.argmax(-1).tolist(), 0, k, last=True
-    )
+    result = verify_group_greedy(draft_tokens.tolist(), argmax_rows(target_logits), 0, k, last=True)
     assert result is not None  # the last group always decides
     return result
 

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from spectune.control.chunking import group_bounds
-from spectune.sampling import SamplingParams
+from spectune.sampling import SamplingParams, argmax_rows
 from spectune.verify.chain import (
     VerifyResult,
     target_distribution,
@@ -61,7 +61,7 @@ def verify_in_groups(
         last = j == len(bounds) - 1
         logits = score(start, end + 1 if last else end)  # [rows, vocab]
         if uniforms is None:
-            result = verify_group_greedy(tokens, logits.argmax(-1).tolist(), start, end, last)
+            result = verify_group_greedy(tokens, argmax_rows(logits), start, end, last)
         else:
             target_probs = target_distribution(logits, params)  # [rows, vocab]
             result = verify_group_sampled(

@@ -56,7 +56,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from spectune.sampling import sample_from
+from spectune.sampling import argmax_rows, sample_from
 from spectune.verify.chain import VerifyResult, passes, recovered_from, residual
 
 __all__ = ["verify_tree_greedy", "verify_tree_sampled"]
@@ -75,7 +75,7 @@ def verify_tree_greedy(
     parents: Tensor,  # [n] int64
     target_logits: Tensor,  # [n + 1, vocab], row 0 = the root
 ) -> VerifyResult:
-    target_argmax = target_logits.argmax(-1).tolist()  # [n + 1]
+    target_argmax = argmax_rows(target_logits)  # [n + 1]
     node_tokens = tokens.tolist()
     children = _children(parents.tolist())
     path: list[int] = []
