@@ -161,6 +161,7 @@ class _Context:
                 f"llama.cpp cannot create a context of {num_seqs} x {per_seq} tokens{_llama_said()}"
             )
         self.lib = lib
+        self._decode, self._get_logits = lib.llama_decode, lib.llama_get_logits  # hot path
         self.weights = weights  # keeps the model alive as long as this context
         self.handle = handle
         self.memory = lib.llama_get_memory(handle)
@@ -210,7 +211,7 @@ class _Context:
     ) -> None:
         """Run the tokens through the model in pieces of ``MAX_PIECE``, every token's
         logits copied out (llama.cpp overwrites its buffer on the next call)."""
-        vocab = logits.shape[1]
+        row_bytes = logits.shape[1] * logits.element_size()
         for start in range(0, tokens.shape[0], MAX_PIECE):
             end = min(start + MAX_PIECE, tokens.shape[0])
             count = end - start
@@ -219,12 +220,13 @@ class _Context:
             self.seq_ids[:count] = seq_ids[start:end]
             self.batch.n_tokens = count
             _recent_log.clear()
-            status = self.lib.llama_decode(self.handle, self.batch)
+            status = self._decode(self.handle, self.batch)
             if status != 0:
                 raise RuntimeError(f"llama_decode failed with status {status}{_llama_said()}")
-            pointer = self.lib.llama_get_logits(self.handle)
-            values = np.ctypeslib.as_array(pointer, shape=(count, vocab))
-            logits[start:end].copy_(torch.from_numpy(values))
+            # Straight into the (contiguous, fp32) output rows: numpy's ctypes view of the
+            # buffer cost more than the copy itself.
+            source = self._get_logits(self.handle)
+            ctypes.memmove(logits[start].data_ptr(), source, count * row_bytes)
 
 
 class LlamaCppCache:
