@@ -444,11 +444,14 @@ class LlamaLM:
             )
         device = self.device
         slots = cache.slots(chunk)  # on the cache's device
-        mask, used = attention_mask(cache.lengths, chunk, slots, chunk_mask)
         rows = None
-        # One token of one sequence (mask None) already makes the one-row SDPA call.
-        if self.batch_invariant and mask is not None and chunk <= ROW_EXACT_MAX_ROWS:
-            rows, mask = row_keys(cache.lengths, chunk, chunk_mask), None
+        # One token of one sequence already makes the one-row SDPA call (mask None).
+        several = chunk > 1 or len(cache.lengths) > 1 or chunk_mask is not None
+        if self.batch_invariant and several and chunk <= ROW_EXACT_MAX_ROWS:
+            rows = row_keys(cache.lengths, chunk, chunk_mask)
+            mask, used = None, max(cache.lengths) + chunk
+        else:
+            mask, used = attention_mask(cache.lengths, chunk, slots, chunk_mask)
         logits, hidden = self.net(
             tokens.to(device),
             slots if positions is None else positions.to(device),
