@@ -93,11 +93,7 @@ def _curve(data: dict[str, Any], info: ModelInfo, runtime: str) -> CostCurve | N
 def load_verify_curve(info: ModelInfo, runtime: str = FP32) -> CostCurve | None:
     """The recorded verification-cost curve of this target on this runtime (seconds
     relative to a one-token forward), or None if never measured or unreadable."""
-    try:
-        local = _read(crossover_path().read_text(encoding="utf-8"))
-    except OSError:
-        local = {}
-    return _curve(local, info, runtime) or _curve(_shipped(), info, runtime)
+    return _curve(_local(), info, runtime) or _curve(_shipped(), info, runtime)
 
 
 def verify_curve_of(model: LanguageModel) -> CostCurve | None:
@@ -114,6 +110,14 @@ def _lookup(data: dict[str, Any], info: ModelInfo, draft: str | None, runtime: s
     return None
 
 
+def _local() -> dict[str, Any]:
+    """This machine's measurements (an unreadable file counts as none)."""
+    try:
+        return _read(crossover_path().read_text(encoding="utf-8"))
+    except OSError:
+        return {}
+
+
 def _shipped() -> dict[str, Any]:
     try:
         text = resources.files("spectune").joinpath("assets/crossover.json").read_text("utf-8")
@@ -126,11 +130,7 @@ def load_crossover(info: ModelInfo, draft: str | None = None, runtime: str = FP3
     """The recorded ``speculate_max_batch`` for this target, drafter and runtime, or None if
     never measured (an unreadable file counts as none: a missing measurement never stops
     decoding)."""
-    try:
-        local = _read(crossover_path().read_text(encoding="utf-8"))
-    except OSError:
-        local = {}
-    found = _lookup(local, info, draft, runtime)
+    found = _lookup(_local(), info, draft, runtime)
     return found if found is not None else _lookup(_shipped(), info, draft, runtime)
 
 
