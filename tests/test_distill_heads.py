@@ -5,7 +5,9 @@ greedy equality, on the real one."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -264,3 +266,70 @@ def test_distill_command_trains_a_fused_head_on_an_answer_corpus_and_it_loads(
     params = SamplingParams(max_tokens=16)
     plain = SpeculativeEngine(fresh.model).run(prompt, params, policy=FixedK(0)).tokens
     assert SpeculativeEngine(fresh.model, drafter).run(prompt, params).tokens == plain
+
+
+@pytest.fixture(scope="module")
+def first_draft(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path]:
+    """The common distill arguments on a tiny answer corpus, and a head trained by them."""
+    from bench_fixtures import make_models
+    from spectune.drafters.pairing import load_target
+
+    tmp_path = tmp_path_factory.mktemp("init-from")
+    target_dir, _ = make_models(tmp_path)
+    target = load_target(str(target_dir))
+    answers = tmp_path / "answers"
+    settings = CorpusSettings(
+        items_per_shard=24, max_answer_tokens=12, max_document_tokens=8, max_turn_tokens=6
+    )
+    build_shards(target.model, target.tokenizer, SeedData(), answers, range(2), settings)
+    common = ["distill", "--target", str(target_dir), "--answers", str(answers)]
+    common += ["--steps", "12", "--eval-every", "6", "--cache-dir", str(tmp_path / "cache")]
+    first = tmp_path / "first"
+    layers = ["--feature-layers", "0,1", "--ffn", "48", "--vocab-size", "40"]
+    assert main([*common, "--out", str(first), *layers]) == 0
+    return common, first / "draft"
+
+
+def _meta(folder: Path) -> dict[str, Any]:
+    meta = json.loads((folder / "spectune_draft.json").read_text())
+    assert isinstance(meta, dict)
+    return meta
+
+
+def test_distill_init_from_continues_a_trained_head_with_its_vocabulary(
+    first_draft: tuple[list[str], Path], tmp_path: Path
+) -> None:
+    from spectune.drafters.pairing import load_drafter, load_target
+
+    common, folder = first_draft
+    assert main([*common, "--out", str(tmp_path / "second"), "--init-from", str(folder)]) == 0
+    first, second = _meta(folder), _meta(tmp_path / "second" / "draft")
+    # It starts where the first run ended (same held-out set), not from a fresh head.
+    ended, started = first["training"]["curve"][-1], second["training"]["curve"][0]
+    assert started["step"] == 0
+    assert started["heldout_kl"] == pytest.approx(ended["heldout_kl"], rel=1e-5)
+    assert second["head"] == first["head"]  # layers and width come from the folder
+    assert second["vocab_subset_size"] == 40
+    assert second["training"]["initialised_from"] == str(folder)
+    fresh = load_target(common[2])
+    one = load_drafter(str(folder), fresh)
+    two = load_drafter(str(tmp_path / "second" / "draft"), fresh)
+    assert isinstance(one, FeatureDrafter) and isinstance(two, FeatureDrafter)
+    assert one.vocab_subset is not None and two.vocab_subset is not None
+    assert torch.equal(one.vocab_subset, two.vocab_subset)
+
+
+def test_distill_init_from_refuses_what_would_change_the_head(
+    first_draft: tuple[list[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common, folder = first_draft
+    cases = [
+        (["--kind", "lm"], "continues a feature draft"),
+        (["--feature-layers", "0"], "reads target layers [0, 1]"),
+        (["--vocab-size", "30"], "drafts over 40 tokens"),
+        (["--init-from", str(tmp_path)], "is not a feature-draft folder"),
+    ]
+    for extra, message in cases:
+        args = [*common, "--out", str(tmp_path / "x"), "--init-from", str(folder), *extra]
+        assert main(args) == 2, extra
+        assert message in capsys.readouterr().err, extra

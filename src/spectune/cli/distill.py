@@ -16,6 +16,7 @@ from spectune.distill.data import DistillCorpus, GenerationSettings, build_answe
 from spectune.distill.models import DraftArchitecture
 from spectune.distill.pipeline import CorpusPlan, build_corpora, distill
 from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState
+from spectune.drafters.loading import read_draft_meta
 from spectune.drafters.pairing import load_target
 from spectune.errors import InvalidParameterError
 from spectune.models.devices import resolve_device
@@ -115,6 +116,13 @@ def register(subparsers: Any) -> None:
     add_device_arg(parser)
     parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
     parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start from this feature draft (its weights, layers and vocabulary) instead of "
+        "a fresh head: train a shipped draft further on more data",
+    )
+    parser.add_argument(
         "--follow-cache",
         action="store_true",
         help="re-read the cached corpus at every epoch (train while another job generates)",
@@ -142,6 +150,14 @@ def _feature_layers(value: tuple[int, ...] | str, num_layers: int) -> tuple[int,
             f"--feature-layers must be ascending layer numbers in [0, {num_layers}), got {value}"
         )
     return value
+
+
+def _layers_of_draft(folder: Path) -> tuple[int, ...]:
+    """The target layers the feature draft in ``folder`` reads."""
+    meta = read_draft_meta(folder)
+    if meta is None or meta.kind != "feature":
+        raise InvalidParameterError(f"--init-from {folder} is not a feature-draft folder")
+    return tuple(int(i) for i in meta.data["head"].get("feature_layers", ()))
 
 
 def _progress() -> Any:
@@ -176,6 +192,10 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("give either --corpus files or an --answers corpus folder")
     if args.feature_layers and args.kind != "feature":
         raise InvalidParameterError("--feature-layers is for --kind feature")
+    if args.init_from is not None:
+        if args.kind != "feature":
+            raise InvalidParameterError("--init-from continues a feature draft (--kind feature)")
+        _layers_of_draft(args.init_from)  # a folder that is not a feature draft fails here
     if args.answer_shards is not None and args.answer_shards < 1:
         raise InvalidParameterError(f"--answer-shards must be >= 1, got {args.answer_shards}")
     if args.heldout < 1:
@@ -214,7 +234,10 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.target, device=resolve_device(args.device))
     if not isinstance(target.model, LlamaLM):
         raise InvalidParameterError("distillation needs a target on the native runtime")
-    feature_layers = _feature_layers(args.feature_layers, target.model.net.cfg.num_layers)
+    layers_arg = args.feature_layers
+    if args.init_from is not None and not layers_arg:
+        layers_arg = _layers_of_draft(args.init_from)
+    feature_layers = _feature_layers(layers_arg, target.model.net.cfg.num_layers)
     arch = dataclasses.replace(arch, feature_layers=feature_layers)
     with _progress() as progress:
         tasks: dict[str, Any] = {}
@@ -283,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
             training_record={"command": args.command_line},
             heldout=given_heldout,
             resume=args.resume,
+            init_from=args.init_from,
             refresh=refresh,
             on_step=on_step,
             on_eval=on_eval,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,11 @@ from spectune.distill.models import (
 )
 from spectune.distill.sources import read_prompt_files, read_reference_chats
 from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState, train
+from spectune.drafters.loading import load_feature_head
 from spectune.drafters.pairing import Loaded
 from spectune.drafters.reduced import top_token_subset
 from spectune.errors import InvalidParameterError
-from spectune.models.llama import LlamaLM
+from spectune.models.llama import LlamaLM, LlamaTransformer
 
 __all__ = ["CorpusPlan", "DistillResult", "build_corpora", "distill", "plot_curve"]
 
@@ -135,6 +136,7 @@ def distill(
     training_record: dict[str, Any],
     heldout: DistillCorpus | None = None,
     resume: bool = False,
+    init_from: Path | None = None,
     refresh: Callable[[], tuple[DistillCorpus, DistillCorpus]] | None = None,
     on_step: Callable[[TrainState, float, float], None] | None = None,
     on_eval: Callable[[CurvePoint], None] | None = None,
@@ -165,12 +167,17 @@ def distill(
     net = model.net
     full_vocab = net.cfg.vocab_size
     subset: Tensor | None = None
-    if vocab_size is not None and vocab_size < full_vocab:
+    if vocab_size is not None and vocab_size < full_vocab and init_from is None:
         always = sorted(set(net.cfg.eos_token_ids))
         subset = top_token_subset(corpus.token_counts(full_vocab), vocab_size, always)
     generator = torch.Generator().manual_seed(settings.seed)
     draft: TrainableDraft
-    if arch.kind == "feature":
+    if init_from is not None:
+        warm = _warm_start(init_from, arch, net, vocab_size)
+        arch = replace(arch, intermediate_size=warm.head.cfg.intermediate_size)
+        draft, subset = warm, warm.vocab_subset
+        training_record = {**training_record, "initialised_from": str(init_from)}
+    elif arch.kind == "feature":
         draft = FeatureDraftModel.create(arch, net, subset, generator)
     elif arch.kind == "lm":
         draft = LMDraftModel.create(arch, net.cfg, subset, generator)
@@ -215,6 +222,27 @@ def distill(
         save_gpt2_draft(folder, draft, net, model.info.name, record)
     plot_curve(state.curve, out / "learning_curve.png")
     return DistillResult(folder, state, trainable, None if subset is None else len(subset))
+
+
+def _warm_start(
+    folder: Path, arch: DraftArchitecture, net: LlamaTransformer, vocab_size: int | None
+) -> FeatureDraftModel:
+    """The feature draft in ``folder``, to be trained further: its weights and its reduced
+    vocabulary are kept (more data for a trained head, without starting over)."""
+    if arch.kind != "feature":
+        raise InvalidParameterError("--init-from continues a feature draft (--kind feature)")
+    head, subset = load_feature_head(folder, net)
+    if head.cfg.feature_layers != arch.feature_layers:
+        raise InvalidParameterError(
+            f"{folder} reads target layers {list(head.cfg.feature_layers)}, "
+            f"not {list(arch.feature_layers)}"
+        )
+    kept = net.cfg.vocab_size if subset is None else len(subset)
+    if vocab_size is not None and vocab_size != kept:
+        raise InvalidParameterError(
+            f"{folder} drafts over {kept} tokens; --vocab-size {vocab_size} would change that"
+        )
+    return FeatureDraftModel(head, subset, unroll=arch.unroll)
 
 
 def plot_curve(curve: list[CurvePoint], path: Path) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "DRAFT_META_FILE",
     "DraftMeta",
     "feature_drafter_from_folder",
+    "load_feature_head",
     "not_distilled_for",
     "read_draft_meta",
     "restrict_output",
@@ -125,18 +126,30 @@ def lm_drafter_from_folder(path: Path, model: LanguageModel) -> ModelDrafter:
 
 
 def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDrafter:
-    from safetensors.torch import load_file
-
-    meta = read_draft_meta(path)
-    if meta is None or meta.kind != "feature":
-        raise ModelLoadError(f"{path} is not a feature-head draft folder")
     refuse_feature_head(target)
     if not isinstance(target, LlamaLM):
         raise IncompatibleModelsError(
             "a feature-head draft reads the target's weights: the target must run natively"
         )
+    head, subset = load_feature_head(path, target.net)
+    head = head.to(target.dtype)
+    if head.cfg.feature_layers:
+        try:
+            target.expose_layers(head.cfg.feature_layers)  # the head reads these target layers
+        except ValueError as exc:
+            raise IncompatibleModelsError(f"feature draft {path.name}: {exc}") from exc
+    return FeatureDrafter(head, subset, name=f"feature:{path.name}")
+
+
+def load_feature_head(path: Path, net: LlamaTransformer) -> tuple[FeatureHead, Tensor | None]:
+    """The fp32 head of a feature-draft folder wired to ``net`` (its embedding and output
+    rows, on the CPU), and its reduced vocabulary; refused for another target."""
+    from safetensors.torch import load_file
+
+    meta = read_draft_meta(path)
+    if meta is None or meta.kind != "feature":
+        raise ModelLoadError(f"{path} is not a feature-head draft folder")
     cfg = FeatureHeadConfig.from_dict(meta.data["head"])
-    net = target.net
     described = meta.data.get("target", {})
     problems = []
     if cfg.hidden_size != net.cfg.hidden_size or cfg.target_vocab_size != net.cfg.vocab_size:
@@ -165,13 +178,7 @@ def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDra
     missing, unexpected = head.load_state_dict({k: v.float() for k, v in state.items()}, False)
     if missing or unexpected:
         raise ModelLoadError(f"{path}: weights do not match the head ({missing or unexpected})")
-    head = head.to(target.dtype)
-    if cfg.feature_layers:
-        try:
-            target.expose_layers(cfg.feature_layers)  # the head reads these target layers
-        except ValueError as exc:
-            raise IncompatibleModelsError(f"feature draft {path.name}: {exc}") from exc
-    return FeatureDrafter(head, subset, name=f"feature:{path.name}")
+    return head, subset
 
 
 def describe_target(target: LlamaTransformer, name: str) -> dict[str, Any]:
