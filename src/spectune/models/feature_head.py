@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from spectune.models.kv_cache import StaticKVCache
 from spectune.models.llama import Block, LlamaConfig, RMSNorm, attention_mask, rotary_tables
+from spectune.models.quant import QuantMode, quantize_net
 
 __all__ = ["FeatureHead", "FeatureHeadConfig"]
 
@@ -107,6 +108,29 @@ class FeatureHead(nn.Module):
         # Frozen and not saved: they belong to the target.
         self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
         self.register_buffer("output_weight", output_weight.detach(), persistent=False)
+        # Set by ``quantize``: the output rows on a weight-only kernel (else a float matmul).
+        self.output: nn.Module | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the head's activations and cache (its layers may be quantised)."""
+        return self.norm.weight.dtype
+
+    def quantize(self, mode: QuantMode) -> None:
+        """Put the head's linear layers and output rows on PyTorch's weight-only CPU kernels
+        (``spectune.models.quant``), in place: inference only. A head drafting for a
+        quantised target would otherwise read more bytes per step, relative to a target
+        step, than it was meant to (c)."""
+        if mode == "none":
+            return
+        quantize_net(self, mode)
+        rows = self._buffer("output_weight")
+        output = nn.Linear(rows.shape[1], rows.shape[0], bias=False)
+        output.weight = nn.Parameter(rows.float(), requires_grad=False)
+        holder = nn.ModuleDict({"output": output})
+        quantize_net(holder, mode)
+        self.output = holder["output"]
+        self.register_buffer("output_weight", torch.empty(0, rows.shape[1]), persistent=False)
 
     def _buffer(self, name: str) -> Tensor:
         value = getattr(self, name)
@@ -124,8 +148,8 @@ class FeatureHead(nn.Module):
             capacity=capacity,
             kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
-            dtype=self.fc.weight.dtype,
-            device=self.fc.weight.device,
+            dtype=self.dtype,
+            device=self.norm.weight.device,
         )
 
     def target_input(self, states: Tensor) -> Tensor:
@@ -135,7 +159,7 @@ class FeatureHead(nn.Module):
                 f"the head reads target states of width {self.cfg.state_size}, got "
                 f"{states.shape[-1]} (feature layers {self.cfg.feature_layers or 'last'})"
             )
-        states = states.to(self.fc.weight.dtype)
+        states = states.to(self.dtype)
         if self.fuse is None:
             return states
         # Each layer's residual state is scaled to unit RMS before the projection: middle
@@ -148,6 +172,9 @@ class FeatureHead(nn.Module):
 
     def logits(self, features: Tensor) -> Tensor:
         """features: [..., hidden] -> [..., num_draft_tokens]."""
+        if self.output is not None:
+            quantised: Tensor = self.output(features)
+            return quantised
         output: Tensor = features @ self._buffer("output_weight").T
         return output
 
@@ -186,7 +213,7 @@ class FeatureHead(nn.Module):
         """fc(concat(embed(token[t]), h[t - 1])): [batch, chunk] x [batch, chunk, hidden]."""
         embedded = nn.functional.embedding(tokens, self._buffer("embed_weight"))
         x = torch.cat((embedded, prev_features.to(embedded.dtype)), -1)
-        projected: Tensor = self.fc(x.to(self.fc.weight.dtype))
+        projected: Tensor = self.fc(x.to(self.dtype))
         return projected
 
     def forward_masked(
