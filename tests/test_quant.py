@@ -371,3 +371,26 @@ def test_the_shipped_head_drafts_on_the_int4_targets_kernels_and_keeps_greedy_ou
     run = SpeculativeEngine(model, drafter).run(prompt, params, policy=FixedK(3))
     assert run.tokens == plain
     assert sum(step.accepted for step in run.steps) > 0  # it drafts, and some drafts land
+
+
+def test_draft_models_take_the_quantised_targets_kernels_alone_and_in_a_hybrid(
+    tmp_path: Path,
+) -> None:
+    """Wherever a draft model is loaded beside an int8 / int4 target (generate, bench,
+    select, experiments, a hybrid's model branch) it runs on the same kernels."""
+    from bench_fixtures import make_models
+    from spectune.drafters.pairing import load_drafter, load_drafter_at, load_target_at
+    from spectune.drafters.hybrid import HybridDrafter
+
+    target_dir, draft_dir = make_models(tmp_path)
+    target = load_target_at(str(target_dir), "int8")
+
+    def kernels(drafter: object) -> set[str]:
+        assert isinstance(drafter, ModelDrafter)
+        return {type(m).__name__ for m in drafter.model.net.modules()}  # type: ignore[attr-defined]
+
+    assert "Int8Linear" in kernels(load_drafter_at(str(draft_dir), target, "int8"))
+    hybrid = load_drafter(f"suffix:none+{draft_dir}", target, quantize="int8")
+    assert isinstance(hybrid, HybridDrafter)
+    assert "Int8Linear" in kernels(hybrid.model) and "Linear" not in kernels(hybrid.model)
+    assert "Linear" in kernels(load_drafter_at(str(draft_dir), target, "fp32"))

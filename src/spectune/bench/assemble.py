@@ -293,7 +293,9 @@ def load_workbench(
             drafts.append(DraftSource("random", ModelDrafter(drafter_model), assistant))
         elif is_suffix_spec(spec):
             try:
-                suffix = load_drafter(spec, loaded, dtype=dtype, runtime=runtime)
+                suffix = load_drafter(
+                    spec, loaded, dtype=dtype, runtime=runtime, quantize=quantize, device=device
+                )
             except IncompatibleModelsError as exc:  # a hybrid's feature head on llama.cpp
                 if not on_llamacpp:
                     raise

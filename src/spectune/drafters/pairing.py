@@ -64,6 +64,7 @@ __all__ = [
     "load_drafter",
     "load_suffix_drafter",
     "load_target",
+    "load_drafter_at",
     "load_target_at",
     "pairing_problems",
     "paired_model_drafter",
@@ -120,6 +121,15 @@ def load_target_at(ref: str, precision: str) -> Loaded:
         )
     chosen = PRECISIONS[precision]
     return load_target(ref, dtype=chosen.dtype, quantize=chosen.quantize)
+
+
+def load_drafter_at(spec: str | None, target: Loaded, precision: str) -> Drafter | None:
+    """``load_drafter`` for a target loaded by ``load_target_at(..., precision)``: a draft
+    model at the same precision (llama.cpp's runtime, or the same dtype and kernels)."""
+    if precision == LLAMACPP:
+        return load_drafter(spec, target, runtime=LLAMACPP)
+    chosen = PRECISIONS[precision]
+    return load_drafter(spec, target, dtype=chosen.dtype, quantize=chosen.quantize)
 
 
 def compatibility_problems(
@@ -263,7 +273,7 @@ def load_drafter(
     draft model path or shipped draft name, checked against the target before use. A draft
     model runs at the target's precision (``quantize``: the same kernels keep the draft step
     cheap relative to a quantised target) on the target's ``device``; a feature head on the
-    CPU.
+    CPU, on the target's kernels where the target is quantised.
 
     ``trust_draft_vocab`` pairs a draft without a tokenizer, warning (``SpectuneWarning``)
     that its token strings were not compared; ``allow_missing_weights``: see
@@ -291,6 +301,8 @@ def load_drafter(
             runtime=runtime,
             allow_missing_weights=allow_missing_weights,
             trust_draft_vocab=trust_draft_vocab,
+            quantize=quantize,
+            device=device,
         )
         if other is None:
             raise InvalidParameterError(f"'{spec}': after '+' comes a draft model or 'ngram'")

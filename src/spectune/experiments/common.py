@@ -21,7 +21,7 @@ from spectune.decode.engine import Generation, SpeculativeEngine
 from spectune.drafters.base import Drafter, DraftSource
 from spectune.drafters.batched import batch_source
 from spectune.drafters.model import ModelDrafter
-from spectune.drafters.pairing import fresh_drafter, load_drafter, load_target_at
+from spectune.drafters.pairing import fresh_drafter, load_drafter_at, load_target_at
 from spectune.errors import InvalidParameterError
 from spectune.models.base import (
     KVCache,
@@ -267,7 +267,7 @@ def load_setup(
     if draft_ref.startswith(("layers:", "noise:")):
         draft = ModelDrafter(stand_in_draft(target.model, draft_ref))
     else:
-        draft = load_drafter(draft_ref, target)
+        draft = load_drafter_at(draft_ref, target, precision)
         # Learned drafters (a draft model, a feature head) are the drafters that are sources.
         if draft is None or not (any_drafter or isinstance(draft, DraftSource)):
             raise InvalidParameterError(

@@ -70,8 +70,23 @@ class Candidate:
         return self.drafter is not None and not self.problems
 
 
-def _suffix_candidate(spec: str, target: Loaded, trust_draft_vocab: bool) -> Candidate:
-    drafter = load_drafter(spec, target, trust_draft_vocab=trust_draft_vocab)
+def _suffix_candidate(
+    spec: str,
+    target: Loaded,
+    trust_draft_vocab: bool,
+    precision: Precision,
+    device: torch.device | str,
+    runtime: str,
+) -> Candidate:
+    drafter = load_drafter(
+        spec,
+        target,
+        trust_draft_vocab=trust_draft_vocab,
+        dtype=precision.dtype,
+        quantize=precision.quantize,
+        device=device,
+        runtime=runtime,
+    )
     inner = drafter.model if isinstance(drafter, HybridDrafter) else None
     # What a draft step computes with: the hybrid's draft model (a lookup: nothing).
     count = inner.model.info.num_parameters if isinstance(inner, ModelDrafter) else None
@@ -91,7 +106,7 @@ def resolve_candidate(
         return Candidate(spec, "ngram", NgramDrafter(), None, ())
     try:
         if is_suffix_spec(spec):
-            return _suffix_candidate(spec, target, trust_draft_vocab)
+            return _suffix_candidate(spec, target, trust_draft_vocab, precision, device, runtime)
         path = resolve_model_path(spec)
         meta = read_draft_meta(path)
         if meta is not None and meta.kind == "feature":
