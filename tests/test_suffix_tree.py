@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from spectune.drafters import ModelDrafter, ScriptedDrafter
-from spectune.drafters.hybrid import HybridDrafter, SourceStats, kept_depth, merge_trees
+from spectune.drafters.hybrid import (
+    HybridDrafter,
+    SourceStats,
+    flat_verify,
+    kept_depth,
+    merge_trees,
+)
 from spectune.drafters.pairing import tree_drafter_for
 from spectune.drafters.suffix import SuffixDrafter, SuffixSettings, propose_from
 from spectune.drafters.suffix_index import SuffixIndex, continuation, continuation_tree
@@ -164,6 +170,29 @@ def test_cost_rule_weighs_value_per_cost() -> None:
     stats.observe_times(0.01, 0.08)
     assert stats.measured_cost == pytest.approx(0.125)
     assert stats.model_choice(4) == stats.model_choice(4, draft_cost=0.125)
+
+
+def test_cost_rule_charges_the_targets_verification_curve() -> None:
+    """A steep curve (int4-like: v(d) = 1 + 0.15 d) shortens the model's draft and charges
+    a suffix draft for its length; a flat one (v = 1) is the rule without a curve."""
+    stats = SourceStats(decay=0.5, model_rates=[0.6, 0.6, 0.6, 0.6] + [0.5] * (MAX_K - 4))
+
+    def steep(draft_tokens: int) -> float:
+        return 1.0 + 0.15 * draft_tokens
+
+    assert stats.model_choice(4, 0.0) == stats.model_choice(4, 0.0, flat_verify)
+    assert stats.model_choice(4, 0.0)[0] == 4
+    # E(1) = 0.6, E(2) = 0.96, E(3) = 1.176, E(4) = 1.3056
+    length, value = stats.model_choice(4, 0.0, steep)
+    assert length == 2 and value == pytest.approx(1.96 / 1.3)
+    # a 4-token suffix draft of score 1.4: flat, 2.4 beats the model's 1 + E(4) = 2.31;
+    # steep, 2.4 / v(4) = 1.5 loses to the model's 2 tokens, 1.96 / 1.3 = 1.508
+    assert stats.choose(1.4, 0.9, 4, 0.0, suffix_nodes=4)[0]
+    assert not stats.choose(1.4, 0.9, 4, 0.0, suffix_nodes=4, verify=steep)[0]
+    # merged: the tree's nodes (suffix + model, at most) are charged too
+    flat_merged = stats.merged_value(0.5, 0.3, 2, 0.0, suffix_nodes=2)
+    steep_merged = stats.merged_value(0.5, 0.3, 2, 0.0, suffix_nodes=2, verify=steep)
+    assert steep_merged == pytest.approx(flat_merged / steep(4))
 
 
 def test_hybrid_drafts_the_models_best_length() -> None:

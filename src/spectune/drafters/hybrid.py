@@ -23,41 +23,46 @@ learned from what the target kept:
   Until a model step has been timed, c counts as 0.
 
 **Rule** (value per cost, in tokens per target-step time): a step emits its accepted
-tokens plus one, and costs one target step plus, for a model draft of k tokens, k draft
-steps of relative cost c (the suffix lookup costs well under 1% of a target step and is
-left out; verifying k + 1 tokens costs about one step on a CPU either way). The model
-draft is worth its best length, k* = argmax over 1 <= k <= K of (1 + E(k)) / (1 + k c)
-(K: what the policy asked for; ties go to the shorter draft): a model whose second token
-is rarely kept drafts one token, which costs one draft step, not K. So draft from the
-suffix source when it proposes something and
+tokens plus one. It costs v(d) target steps to verify a d-token draft (the target's
+verification curve on its runtime, ``spectune.control.crossover``: about 1 for any d up to
+8 on fp32 on this CPU, but 1.10 for d = 1 and 1.41 for d = 3 on int4; flat, v = 1, where
+none is known), plus, for a model draft of k tokens, k draft steps of relative cost c (the
+suffix lookup costs well under 1% of a target step and is left out). The model draft is
+worth its best length, k* = argmax over 1 <= k <= K of (1 + E(k)) / (v(k) + k c) (K: what
+the policy asked for; ties go to the shorter draft): a model whose second token is rarely
+kept drafts one token, which costs one draft step, not K. So draft from the suffix source
+when it proposes something (s tokens) and
 
-    1 + suffix_calibration * score  >=  (1 + E(k*)) / (1 + k* c)
+    (1 + suffix_calibration * score) / v(s)  >=  (1 + E(k*)) / (v(k*) + k* c)
 
-else run the model draft for k* tokens. Ties go to the suffix draft. With c = 0 this
-compares accepted tokens alone (and k* = K). Running means are exponential with weight
-``1 - decay`` on the newest step. The statistics are shared by a drafter's copies
-(``with_sources``), so a server learns across requests.
+else run the model draft for k* tokens. Ties go to the suffix draft. With c = 0 and a
+flat curve this compares accepted tokens alone (and k* = K). Running means are
+exponential with weight ``1 - decay`` on the newest step. The statistics are shared by a
+drafter's copies (``with_sources``), so a server learns across requests.
 
 **Temperature 0, both as one tree** (``merge_greedy``; on when the target takes tree
 attention masks). A model draft is merged with the suffix draft (chain or tree) as
 further branches (shared prefixes merged; model nodes first, at most ``MAX_TREE_NODES``
 nodes), so the target keeps whichever branch matches its argmax. Greedy verification is
 exact for any tree of candidate tokens (``spectune.verify.tree``), so this stays
-token-for-token equal to plain decoding; the extra nodes cost little (8 tokens verify in
-about 1.04x one token's forward on this CPU). Both sources' statistics learn from such
-steps: each is credited with the depth of its own branch that the target kept. So at
+token-for-token equal to plain decoding; the extra nodes cost what the curve says (8
+tokens verify in about 1.08x one token's forward on fp32 on this CPU, 2.1x on int4).
+Both sources' statistics learn from such steps: each is credited with the depth of its
+own branch that the target kept. So at
 T = 0 the choice is between "suffix alone" and "suffix plus a model branch", and the
 model's branch is worth what it adds where the suffix branch fails:
 
-    merged = (1 + suffix_calibration * score + (1 - q) * rescue * E(k*) / r_1) / (1 + k* c)
+    merged = (1 + suffix_calibration * score + (1 - q) * rescue * E(k*) / r_1)
+             / (v(s + k*) + k* c)
 
 with q = min(1, suffix_calibration * p_1) the chance the suffix's first token is kept
 (p_1: its corpus probability), ``model_rescue`` = running rate at which the model's first
 token was kept in merged steps whose suffix branch was rejected at once (it measures how
 often the model is right where the corpus is wrong, correlation included; starts at
 r_1), and E(k*) / r_1 the model tokens kept once its first is. The model branch is
-added when ``merged`` beats ``1 + suffix_calibration * score``; with no suffix proposal
-the model drafts alone.
+added when ``merged`` beats the suffix draft's own value (above); with no suffix proposal
+the model drafts alone. (s + k* counts the merged tree's nodes as if no prefix were
+shared: an upper bound on its verification cost.)
 
 **Temperature > 0: one source per step.** The verifier's tree path takes one
 distribution for all siblings of a node (``Draft.probs``, one row per node); a tree
@@ -88,7 +93,14 @@ from spectune.errors import InvalidParameterError
 from spectune.records import MAX_K
 from spectune.sampling import SamplingParams
 
-__all__ = ["HybridDrafter", "SourceStats", "kept_depth", "merge_trees"]
+__all__ = ["HybridDrafter", "SourceStats", "VerifyCost", "flat_verify", "kept_depth", "merge_trees"]
+
+VerifyCost = Callable[[int], float]  # v(d): verifying d draft tokens over a one-token step
+
+
+def flat_verify(draft_tokens: int) -> float:
+    """v(d) = 1: verification costs one step whatever its size (a flat curve)."""
+    return 1.0
 
 
 @dataclass
@@ -123,14 +135,16 @@ class SourceStats:
             expected += reach
         return expected
 
-    def model_choice(self, k: int, draft_cost: float | None = None) -> tuple[int, float]:
+    def model_choice(
+        self, k: int, draft_cost: float | None = None, verify: VerifyCost = flat_verify
+    ) -> tuple[int, float]:
         """(k*, value): the model draft's best length up to ``k`` and its tokens per
         target-step time, at relative cost ``draft_cost`` (None: the measured one, 0 until
-        measured)."""
+        measured) and verification cost ``verify``."""
         cost = self.cost(draft_cost)
-        best = (1, (1.0 + self.model_expected(1)) / (1.0 + cost))
+        best = (1, (1.0 + self.model_expected(1)) / (verify(1) + cost))
         for length in range(2, min(k, MAX_K) + 1):
-            value = (1.0 + self.model_expected(length)) / (1.0 + length * cost)
+            value = (1.0 + self.model_expected(length)) / (verify(length) + length * cost)
             if value > best[1]:
                 best = (length, value)
         return best
@@ -140,16 +154,25 @@ class SourceStats:
         return draft_cost if draft_cost is not None else (self.measured_cost or 0.0)
 
     def merged_value(
-        self, score: float, first_prob: float, length: int, draft_cost: float | None = None
+        self,
+        score: float,
+        first_prob: float,
+        length: int,
+        draft_cost: float | None = None,
+        *,
+        suffix_nodes: int = 0,
+        verify: VerifyCost = flat_verify,
     ) -> float:
         """Tokens per target-step time of the suffix draft (``score``, first-token corpus
-        probability ``first_prob``) plus a model branch of ``length`` tokens."""
+        probability ``first_prob``, ``suffix_nodes`` tokens) plus a model branch of
+        ``length`` tokens."""
         cost = self.cost(draft_cost)
+        nodes = min(suffix_nodes + length, MAX_TREE_NODES)  # at most: shared prefixes merge
         first = self.model_rates[0]
         rescue = first if self.model_rescue is None else self.model_rescue
         suffix_first = min(1.0, self.suffix_calibration * first_prob)
         added = (1 - suffix_first) * rescue * self.model_expected(length) / first if first else 0.0
-        return (1.0 + self.suffix_calibration * score + added) / (1.0 + length * cost)
+        return (1.0 + self.suffix_calibration * score + added) / (verify(nodes) + length * cost)
 
     def observe_rescue(self, model_kept_first: bool) -> None:
         """A merged step whose suffix branch was rejected at its first token."""
@@ -164,14 +187,20 @@ class SourceStats:
         draft_cost: float | None = None,
         *,
         merge: bool = False,
+        suffix_nodes: int = 0,
+        verify: VerifyCost = flat_verify,
     ) -> tuple[bool, int]:
         """The rule (module docstring): (the suffix draft alone?, k*) for a suffix draft of
-        ``score`` and first-token corpus probability ``first_prob`` against the model's best
-        draft of at most ``k`` tokens, alone or (``merge``) as a branch beside it."""
-        length, model_value = self.model_choice(k, draft_cost)
+        ``score``, first-token corpus probability ``first_prob`` and ``suffix_nodes``
+        tokens against the model's best draft of at most ``k`` tokens, alone or
+        (``merge``) as a branch beside it."""
+        length, model_value = self.model_choice(k, draft_cost, verify)
         if merge:
-            model_value = self.merged_value(score, first_prob, length, draft_cost)
-        return 1.0 + self.suffix_calibration * score >= model_value, length
+            model_value = self.merged_value(
+                score, first_prob, length, draft_cost, suffix_nodes=suffix_nodes, verify=verify
+            )
+        suffix_value = (1.0 + self.suffix_calibration * score) / verify(suffix_nodes)
+        return suffix_value >= model_value, length
 
     def prefers_suffix(self, score: float, k: int, draft_cost: float | None = None) -> bool:
         """The rule without merging: a suffix draft of ``score`` against the model's best
@@ -273,6 +302,7 @@ class HybridDrafter:
         name: str | None = None,
         merge_greedy: bool = False,
         draft_cost: float | None = None,
+        verify_cost: VerifyCost | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not 0 <= (stats or SourceStats()).decay < 1:
@@ -285,6 +315,8 @@ class HybridDrafter:
         self.name = name or f"{suffix.name}+{model.name}"
         self.merge_greedy = merge_greedy  # the target takes tree masks: merge at T = 0
         self.draft_cost = draft_cost  # a fixed c (None: measured)
+        # v(d): verifying d draft tokens over a one-token step (None: flat, v = 1)
+        self.verify_cost = verify_cost
         self.clock = clock
         self._pending: _Pending | None = None
 
@@ -325,6 +357,7 @@ class HybridDrafter:
             name=None if default_name else self.name,
             merge_greedy=self.merge_greedy,
             draft_cost=self.draft_cost,
+            verify_cost=self.verify_cost,
             clock=self.clock,
         )
 
@@ -345,7 +378,13 @@ class HybridDrafter:
         model_seconds: float | None = None
         merge = params.greedy and self.merge_greedy
         alone, model_k = self.stats.choose(
-            proposal.score, proposal.first_prob, num_tokens, self.draft_cost, merge=merge
+            proposal.score,
+            proposal.first_prob,
+            num_tokens,
+            self.draft_cost,
+            merge=merge,
+            suffix_nodes=len(suffix_draft),
+            verify=self.verify_cost or flat_verify,
         )
         if proposal.tokens and alone:
             draft, source = suffix_draft, "suffix"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from spectune.control.crossover import verify_curve_of
 from spectune.drafters.base import Drafter, TreeShape, TreeSource, describe, fresh_drafter
 from spectune.drafters.hybrid import HybridDrafter
 from spectune.drafters.loading import (
@@ -306,7 +307,13 @@ def load_drafter(
         )
         if other is None:
             raise InvalidParameterError(f"'{spec}': after '+' comes a draft model or 'ngram'")
-        return HybridDrafter(suffix, other, merge_greedy=takes_tree_masks(target.model))
+        curve = verify_curve_of(target.model)  # what verifying more tokens costs here
+        return HybridDrafter(
+            suffix,
+            other,
+            merge_greedy=takes_tree_masks(target.model),
+            verify_cost=None if curve is None else curve.relative,
+        )
     path = resolve_model_path(spec)
     meta = read_draft_meta(path)
     if meta is not None and meta.kind == "feature":
