@@ -4,6 +4,7 @@ greedy equality, on the real one."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -185,6 +186,20 @@ def test_fused_head_speculation_emits_the_target_distribution(
     drafter = FeatureDrafter(fused_drafter.head, fused_drafter.vocab_subset)
     pvalue, accepted = first_two_tokens_pvalue(fused_target, drafter, runs=4_000, seed=31)
     assert accepted > 500  # the head's drafts were verified, not bypassed
+    assert pvalue > ALPHA, pvalue
+
+
+@pytest.mark.slow
+def test_a_quantised_fused_head_keeps_speculation_lossless(
+    fused_target: LlamaLM, fused_drafter: FeatureDrafter
+) -> None:
+    """The head on weight-only kernels (as it runs beside an int8 / int4 target): the same
+    chi-square test, its own seed, false-failure probability 1e-4."""
+    head = copy.deepcopy(fused_drafter.head)
+    head.quantize("int8")
+    drafter = FeatureDrafter(head, fused_drafter.vocab_subset)
+    pvalue, accepted = first_two_tokens_pvalue(fused_target, drafter, runs=4_000, seed=37)
+    assert accepted > 500
     assert pvalue > ALPHA, pvalue
 
 
