@@ -326,6 +326,8 @@ def test_distill_init_from_continues_a_trained_head_with_its_vocabulary(
     assert second["head"] == first["head"]  # layers and width come from the folder
     assert second["vocab_subset_size"] == 40
     assert second["training"]["initialised_from"] == str(folder)
+    # The lineage (as JSON text: a record's NaN never equals another NaN).
+    assert json.dumps(second["training"]["previous_training"]) == json.dumps(first["training"])
     fresh = load_target(common[2])
     one = load_drafter(str(folder), fresh)
     two = load_drafter(str(tmp_path / "second" / "draft"), fresh)

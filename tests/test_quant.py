@@ -379,8 +379,8 @@ def test_draft_models_take_the_quantised_targets_kernels_alone_and_in_a_hybrid(
     """Wherever a draft model is loaded beside an int8 / int4 target (generate, bench,
     select, experiments, a hybrid's model branch) it runs on the same kernels."""
     from bench_fixtures import make_models
-    from spectune.drafters.pairing import load_drafter, load_drafter_at, load_target_at
     from spectune.drafters.hybrid import HybridDrafter
+    from spectune.drafters.pairing import load_drafter, load_drafter_at, load_target_at
 
     target_dir, draft_dir = make_models(tmp_path)
     target = load_target_at(str(target_dir), "int8")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,13 +31,21 @@ from spectune.distill.models import (
 )
 from spectune.distill.sources import read_prompt_files, read_reference_chats
 from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState, train
-from spectune.drafters.loading import load_feature_head
+from spectune.drafters.loading import load_feature_head, read_draft_meta
 from spectune.drafters.pairing import Loaded
 from spectune.drafters.reduced import top_token_subset
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM, LlamaTransformer
 
-__all__ = ["CorpusPlan", "DistillResult", "build_corpora", "distill", "plot_curve"]
+__all__ = [
+    "CorpusPlan",
+    "DistillResult",
+    "build_corpora",
+    "distill",
+    "lineage_curves",
+    "plot_curve",
+    "plot_draft_curve",
+]
 
 
 @dataclass(frozen=True)
@@ -176,7 +184,13 @@ def distill(
         warm = _warm_start(init_from, arch, net, vocab_size)
         arch = replace(arch, intermediate_size=warm.head.cfg.intermediate_size)
         draft, subset = warm, warm.vocab_subset
-        training_record = {**training_record, "initialised_from": str(init_from)}
+        # The lineage: where it started and how that draft was trained (its own lineage too).
+        before = read_draft_meta(init_from)
+        training_record = {
+            **training_record,
+            "initialised_from": str(init_from),
+            "previous_training": None if before is None else before.data.get("training"),
+        }
     elif arch.kind == "feature":
         draft = FeatureDraftModel.create(arch, net, subset, generator)
     elif arch.kind == "lm":
@@ -220,7 +234,7 @@ def distill(
         save_lm_draft(folder, draft, net, model.info.name, record)
     elif isinstance(draft, GPT2DraftModel):
         save_gpt2_draft(folder, draft, net, model.info.name, record)
-    plot_curve(state.curve, out / "learning_curve.png")
+    plot_draft_curve(folder, out / "learning_curve.png")
     return DistillResult(folder, state, trainable, None if subset is None else len(subset))
 
 
@@ -245,31 +259,74 @@ def _warm_start(
     return FeatureDraftModel(head, subset, unroll=arch.unroll)
 
 
-def plot_curve(curve: list[CurvePoint], path: Path) -> None:
+def lineage_curves(training: dict[str, Any]) -> list[list[CurvePoint]]:
+    """The learning curves of a draft's training record, oldest stage first: a draft
+    trained ``--init-from`` another carries that one's record (``previous_training``)."""
+    stages: list[list[CurvePoint]] = []
+    record: dict[str, Any] | None = training
+    while record is not None:
+        stages.insert(0, [CurvePoint(**p) for p in record.get("curve", [])])
+        record = record.get("previous_training")
+    return stages
+
+
+def plot_curve(
+    curve: list[CurvePoint], path: Path, earlier: Sequence[list[CurvePoint]] = ()
+) -> None:
+    """Held-out acceptance per draft position against training positions; ``earlier``
+    stages (a warm start's lineage) come first on the same axis, each stage's positions
+    added to those before it, with a dotted line where a stage begins."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    positions = max((len(p.heldout_top1_by_position) for p in curve), default=1) or 1
-    for index in range(positions):
-        points = [
-            (
-                p.tokens,
-                p.heldout_top1_by_position[index] if p.heldout_top1_by_position else p.heldout_top1,
+    stages = [*earlier, curve]
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    positions = max((len(p.heldout_top1_by_position) for c in stages for p in c), default=1) or 1
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    offset = 0
+    for number, stage in enumerate(stages):
+        if number:
+            ax.axvline(offset, color="0.6", linestyle=":", linewidth=1)
+            ax.annotate(f" stage {number + 1}", (offset, 0.95), fontsize=8, color="0.4", va="top")
+        for index in range(positions):
+            points = [
+                (
+                    offset + p.tokens,
+                    p.heldout_top1_by_position[index]
+                    if p.heldout_top1_by_position
+                    else p.heldout_top1,
+                )
+                for p in stage
+                if index < max(1, len(p.heldout_top1_by_position))
+            ]
+            if not points:
+                continue
+            label = "first draft token" if index == 0 else f"draft token {index + 1} (own features)"
+            ax.plot(
+                *zip(*points, strict=True),
+                marker="o",
+                markersize=3,
+                color=colours[index % len(colours)],
+                label=label if number == len(stages) - 1 else None,
             )
-            for p in curve
-            if index < max(1, len(p.heldout_top1_by_position))
-        ]
-        label = "first draft token" if index == 0 else f"draft token {index + 1} (own features)"
-        ax.plot(*zip(*points, strict=True), marker="o", label=label)
-    ax.set_xlabel("training positions seen")
+        offset += stage[-1].tokens if stage else 0
+    ax.set_xlabel("training positions seen (all stages)")
     ax.set_ylabel("held-out greedy acceptance\n(teacher-forced prefix)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     if positions > 1:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_draft_curve(folder: Path, path: Path) -> None:
+    """``plot_curve`` of the draft folder's recorded training, its whole lineage."""
+    meta = read_draft_meta(folder)
+    if meta is None or "training" not in meta.data:
+        raise InvalidParameterError(f"{folder} records no training")
+    *earlier, last = lineage_curves(meta.data["training"])
+    plot_curve(last, path, earlier)
