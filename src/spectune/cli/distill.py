@@ -192,10 +192,12 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("give either --corpus files or an --answers corpus folder")
     if args.feature_layers and args.kind != "feature":
         raise InvalidParameterError("--feature-layers is for --kind feature")
+    layers_arg = args.feature_layers
     if args.init_from is not None:
         if args.kind != "feature":
             raise InvalidParameterError("--init-from continues a feature draft (--kind feature)")
-        _layers_of_draft(args.init_from)  # a folder that is not a feature draft fails here
+        drafts_layers = _layers_of_draft(args.init_from)  # refuses a folder of another kind
+        layers_arg = layers_arg or drafts_layers
     if args.answer_shards is not None and args.answer_shards < 1:
         raise InvalidParameterError(f"--answer-shards must be >= 1, got {args.answer_shards}")
     if args.heldout < 1:
@@ -234,9 +236,6 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.target, device=resolve_device(args.device))
     if not isinstance(target.model, LlamaLM):
         raise InvalidParameterError("distillation needs a target on the native runtime")
-    layers_arg = args.feature_layers
-    if args.init_from is not None and not layers_arg:
-        layers_arg = _layers_of_draft(args.init_from)
     feature_layers = _feature_layers(layers_arg, target.model.net.cfg.num_layers)
     arch = dataclasses.replace(arch, feature_layers=feature_layers)
     with _progress() as progress:

@@ -48,9 +48,9 @@ exact for any tree of candidate tokens (``spectune.verify.tree``), so this stays
 token-for-token equal to plain decoding; the extra nodes cost what the curve says (8
 tokens verify in about 1.08x one token's forward on fp32 on this CPU, 2.1x on int4).
 Both sources' statistics learn from such steps: each is credited with the depth of its
-own branch that the target kept. So at
-T = 0 the choice is between "suffix alone" and "suffix plus a model branch", and the
-model's branch is worth what it adds where the suffix branch fails:
+own branch that the target kept. So at T = 0 the choice is between "suffix alone" and
+"suffix plus a model branch", and the model's branch is worth what it adds where the
+suffix branch fails:
 
     merged = (1 + suffix_calibration * score + (1 - q) * rescue * E(k*) / r_1)
              / (v(s + k*) + k* c)
@@ -316,7 +316,7 @@ class HybridDrafter:
         self.merge_greedy = merge_greedy  # the target takes tree masks: merge at T = 0
         self.draft_cost = draft_cost  # a fixed c (None: measured)
         # v(d): verifying d draft tokens over a one-token step (None: flat, v = 1)
-        self.verify_cost = verify_cost
+        self.verify_cost = verify_cost or flat_verify
         self.clock = clock
         self._pending: _Pending | None = None
 
@@ -384,7 +384,7 @@ class HybridDrafter:
             self.draft_cost,
             merge=merge,
             suffix_nodes=len(suffix_draft),
-            verify=self.verify_cost or flat_verify,
+            verify=self.verify_cost,
         )
         if proposal.tokens and alone:
             draft, source = suffix_draft, "suffix"
