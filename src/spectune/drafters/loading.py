@@ -137,7 +137,7 @@ def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDra
     # On a quantised target the head takes the same kernels: its step stays as small a
     # share of a target step as on fp32 (measured on the default pair: teacher-forced
     # first-token acceptance 0.314 fp32, 0.311 int8, 0.312 int4 weights; a step 4.3, 1.8
-    # and 1.0 ms against 42 ms for the int4 target, one thread).
+    # and 1.0 ms against 42 ms for the int4 target, one thread; docs/results/head-kernels).
     if target.precision in QUANT_MODES:
         head.quantize(target.precision)
     if head.cfg.feature_layers:
