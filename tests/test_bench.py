@@ -207,6 +207,29 @@ def test_equality_check_flags_a_wrong_system(tmp_path: Path) -> None:
     )
 
 
+def test_each_cost_policy_system_calibrates_its_own_curve() -> None:
+    """The requests of one bench system share the cost policy's curve calibration (as one
+    server's would); two systems never do, so neither's figures depend on the other."""
+    from spectune.bench.assemble import DraftSource
+    from spectune.control.cost import CostK
+    from spectune.control.fallback import Guarded
+
+    target = toy_model(0, scale=3.0)
+    config = BenchConfig(drafters=("ngram",), ks=(), policies=("cost",), systems=("spectune",))
+    drafts = [_ngram(), DraftSource("ngram-2", NgramDrafter())]
+    systems = build_systems(config, target, None, drafts, [])
+    learners = []
+    for system in systems[1:]:
+        assert isinstance(system, SpectuneSystem)
+        first, second = (system.policy_factory(SamplingParams()) for _ in range(2))
+        assert isinstance(first, Guarded) and isinstance(first.inner, CostK)
+        assert isinstance(second, Guarded) and isinstance(second.inner, CostK)
+        assert first.inner is not second.inner  # a fresh policy per request ...
+        assert first.inner.learned is second.inner.learned  # ... one calibration
+        learners.append(first.inner.learned)
+    assert len(learners) == 2 and learners[0] is not learners[1]
+
+
 def _ngram() -> Any:
     from spectune.bench.assemble import DraftSource
 

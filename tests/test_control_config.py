@@ -44,7 +44,7 @@ def test_the_cost_curve_reaches_the_cost_policy_and_the_global_check() -> None:
     curve = CostCurve((1, 2), (0.01, 0.011))
     policy = make_policy("cost", cost_curve=curve)
     assert isinstance(policy, Guarded) and isinstance(policy.inner, CostK)
-    assert policy.inner.cost_curve is curve
+    assert policy.inner.learned.prior is curve  # the shape it calibrates
     assert policy.checks[0].cost_curve is curve  # type: ignore[attr-defined]
 
 

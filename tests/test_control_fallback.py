@@ -287,7 +287,8 @@ def test_wrappers_forward_the_whole_plan_groups_included() -> None:
     group table to the new K and, when it holds K at 0, gives its own reason."""
     linear = CostCurve((1, 2, 4, 8, 16), (1.0, 2.0, 4.0, 8.0, 16.0))  # compute bound
     cost = CostK(cost_curve=linear)
-    drive(cost, [0.25] * 6)  # a weak draft: alpha 0.5
+    # A weak draft (alpha 0.5), target times on the curve.
+    drive(cost, lambda i, k: ScriptedStep(0.25, target_time=linear.time(k + 1)), 6)
     off = cost.plan()  # no K beats plain decoding on this curve: K 0, with the reason
     assert off.k == 0 and (off.reason or "").startswith("cost: no K beats plain")
     assert Guarded(cost, [LocalFallback()], name="cost").plan() == off

@@ -29,9 +29,10 @@ from spectune.bench.anchors import llama_cpp_python_systems
 from spectune.bench.plan import BenchConfig, parse_tree_shape
 from spectune.bench.systems import HFSystem, SpectuneSystem, System, SystemInfo
 from spectune.control.base import FixedK, KPolicy
-from spectune.control.config import load_policy_file
+from spectune.control.config import PolicySpec, load_policy_file
 from spectune.control.costs import CostCurve, measure_forward_curve
-from spectune.control.registry import build_policy, make_policy
+from spectune.control.crossover import verify_curve_of
+from spectune.control.registry import build_policy, shared_calibration
 from spectune.drafters.base import Drafter
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
@@ -54,6 +55,7 @@ from spectune.sampling import SamplingParams
 
 __all__ = [
     "DraftSource",
+    "PolicyChoice",
     "Workbench",
     "adaptive_policy",
     "build_systems",
@@ -110,30 +112,43 @@ def random_draft(target: ModelInfo, *, seed: int = 0) -> LlamaLM:
     return LlamaLM(model.net, name="random")
 
 
-def adaptive_policy(name: str, cost_curve: CostCurve | None) -> Callable[[SamplingParams], KPolicy]:
-    """A factory for the named policy of ``spectune.control``'s registry (default options),
-    given the target's measured verification curve. Raises the registry's error for a bad
-    name; the caller turns it into a note and skips the policy."""
+@dataclass(frozen=True)
+class PolicyChoice:
+    """A policy the bench runs with every draft: its label in the tables and its registry
+    spec, given the target's verification curve. Each system takes its own ``factory()``:
+    the ``cost`` policies of that system's requests share one calibration of the curve (as
+    one server's would), and no two systems share one, so no system's figures depend on
+    which ran before it."""
 
-    def make(params: SamplingParams) -> KPolicy:
-        return make_policy(name, None, params=params, cost_curve=cost_curve)
+    label: str
+    spec: PolicySpec
+    cost_curve: CostCurve | None
 
-    make(SamplingParams())  # fail now, at set-up, rather than in the middle of the run
-    return make
+    def factory(self) -> Callable[[SamplingParams], KPolicy]:
+        spec, curve = self.spec, self.cost_curve
+        calibration = shared_calibration(spec.name, spec.options, curve)
+
+        def make(params: SamplingParams) -> KPolicy:
+            return build_policy(spec, params=params, cost_curve=curve, calibration=calibration)
+
+        return make
 
 
-def file_policy(
-    path: str, cost_curve: CostCurve | None
-) -> tuple[str, Callable[[SamplingParams], KPolicy]]:
-    """A policy file's name for the tables (its file name without ``.toml``) and a factory;
-    a bad file fails now, at set-up, with the registry's one-line error."""
-    spec = load_policy_file(path)
+def adaptive_policy(name: str, cost_curve: CostCurve | None) -> PolicyChoice:
+    """The named policy of ``spectune.control``'s registry (default options). Raises the
+    registry's error for a bad name now, at set-up, rather than in the middle of the run;
+    the caller turns it into a note and skips the policy."""
+    choice = PolicyChoice(name, PolicySpec(name), cost_curve)
+    choice.factory()(SamplingParams())
+    return choice
 
-    def make(params: SamplingParams) -> KPolicy:
-        return build_policy(spec, params=params, cost_curve=cost_curve)
 
-    make(SamplingParams())
-    return Path(path).stem, make
+def file_policy(path: str, cost_curve: CostCurve | None) -> PolicyChoice:
+    """A policy file, labelled by its file name without ``.toml``; a bad file fails now, at
+    set-up, with the registry's one-line error."""
+    choice = PolicyChoice(Path(path).stem, load_policy_file(path), cost_curve)
+    choice.factory()(SamplingParams())
+    return choice
 
 
 def _fixed(k: int) -> Callable[[SamplingParams], KPolicy]:
@@ -162,10 +177,10 @@ def build_systems(
     if hf_target is not None and config.runs("hf"):
         systems.append(hf(SystemInfo("HF generate", "hf-generate")))
     if config.runs("spectune"):
-        policies: list[tuple[str, Callable[[SamplingParams], KPolicy]]] = []
+        policies: list[PolicyChoice] = []
         for name in config.policies:
             try:
-                policies.append((name, adaptive_policy(name, cost_curve)))
+                policies.append(adaptive_policy(name, cost_curve))
             except Exception as exc:  # a missing registry or a bad name: skip, say why
                 notes.append(f"policy '{name}' skipped: {type(exc).__name__}: {exc}")
         policies += [file_policy(path, cost_curve) for path in config.policy_files]
@@ -176,11 +191,12 @@ def build_systems(
                 )
                 systems.append(SpectuneSystem.build(label, target, draft.drafter, _fixed(k)))
             systems += _tree_systems(config, target, draft)
-            for name, factory in policies:
+            for choice in policies:
+                name = choice.label
                 label = SystemInfo(
                     f"spectune {draft.label} {name}", "spectune", draft.label, None, name
                 )
-                systems.append(SpectuneSystem.build(label, target, draft.drafter, factory))
+                systems.append(SpectuneSystem.build(label, target, draft.drafter, choice.factory()))
     if hf_target is not None:
         for draft in drafts:
             if draft.hf_assistant is None:
@@ -329,7 +345,12 @@ def load_workbench(
                 )
             drafts.append(DraftSource(label, drafter, assistant))
     curves = measure_curves(loaded.model, hf_target, repeats=curve_repeats)
-    systems = build_systems(config, loaded.model, hf_target, drafts, notes, curves["spectune"])
+    # The adaptive policies start from the curve generate and serve use (recorded for this
+    # runtime), as a user's would; a curve measured in a few seconds at start-up moves
+    # with the machine (int4: two tokens at 1.10x-1.37x one across runs) and only stands in
+    # where none is recorded. Either way the cost policy corrects it from its own steps.
+    prior = verify_curve_of(loaded.model) or curves["spectune"]
+    systems = build_systems(config, loaded.model, hf_target, drafts, notes, prior)
     if on_llamacpp and config.runs(LLAMACPP):
         systems += _anchors(config, loaded, notes)
     return Workbench(dtype_name, loaded.model, hf_target, systems, curves, notes), loaded

@@ -16,14 +16,17 @@ with every input measured on the running request:
   tokens.
 - c, the draft cost: EWMA seconds per drafted token over the seconds of a one-token
   target step.
-- v(K), the verification curve: the ``cost_curve`` given at construction (measured with
-  ``spectune.control.costs.measure_forward_curve``); its shape is used, and its scale is taken
-  from the request's own target times so machine load cancels. Without a curve the policy
-  learns one from the records: an EWMA of target_time per chunk size (k + 1 tokens), a
-  least-squares line t(n) = a + b n through the sizes seen; while only one size has been
-  seen it assumes the slope ``verify_slope_prior`` (t(n) proportional to
-  1 + prior (n - 1)). Plain steps measure n = 1, so a request that ever decodes plainly
-  learns the intercept.
+- v(K), the verification curve, learned from the records (``LearnedCurve``): an EWMA of
+  target_time per chunk size (k + 1 tokens) and a least-squares fit t(n) = a + b x(n)
+  through the sizes seen, where x(n) is the prior's excess over one token: v(n - 1) - 1 of
+  the ``cost_curve`` given at construction (measured with
+  ``spectune.control.costs.measure_forward_curve``, or recorded for the runtime), or
+  ``verify_slope_prior`` (n - 1) without one. While one size has been seen, the prior's
+  shape is scaled to it. So a prior measured on a busy machine (int4: one bench measured
+  two tokens at 1.37x one, the recorded curve says 1.10x) is corrected by the steps the
+  traffic takes: plain steps measure n = 1, speculative steps and probes the rest, and
+  the scale is always the request's own target times, so machine load cancels. Policies
+  built with one ``calibration`` (one per target in ``bench``) share what they learned.
 
 Chunked verification (``spectune.verify.grouped``): with ``max_verify_groups > 1`` the policy also
 chooses, for each K, the number of verification groups m with the lowest expected target
@@ -92,11 +95,15 @@ class CostConfig:
 
 
 class LearnedCurve:
-    """Target forward time per chunk size, learned from step records (see module docstring)."""
+    """Target forward time per chunk size, learned from step records (see module docstring):
+    EWMA seconds per size, and a least-squares line in the prior's excess x(n) through them."""
 
-    def __init__(self, smoothing: float, slope_prior: float) -> None:
+    def __init__(
+        self, smoothing: float, slope_prior: float, prior: CostCurve | None = None
+    ) -> None:
         self.smoothing = smoothing
         self.slope_prior = slope_prior
+        self.prior = prior  # the curve's shape before (and between) measurements
         self.seconds: dict[int, float] = {}  # chunk size -> EWMA seconds
 
     def observe(self, tokens: int, seconds: float) -> None:
@@ -104,26 +111,35 @@ class LearnedCurve:
         w = self.smoothing
         self.seconds[tokens] = seconds if old is None else (1.0 - w) * old + w * seconds
 
+    def _excess(self, tokens: int) -> float:
+        """x(n): the prior's cost of a forward over ``tokens`` beyond one token's, in units of
+        one token (0 at one token)."""
+        if self.prior is None:
+            return self.slope_prior * (tokens - 1)
+        return self.prior.relative(tokens - 1) - 1.0
+
     def time(self, tokens: int) -> float | None:
         if not self.seconds:
             return None
-        if len(self.seconds) == 1:
-            ((n0, t0),) = self.seconds.items()
-            return t0 * (1 + self.slope_prior * (tokens - 1)) / (1 + self.slope_prior * (n0 - 1))
         sizes = list(self.seconds)
+        xs = [self._excess(n) for n in sizes]
         times = [self.seconds[n] for n in sizes]
-        mean_n = sum(sizes) / len(sizes)
+        mean_x = sum(xs) / len(xs)
         mean_t = sum(times) / len(times)
-        var = sum((n - mean_n) ** 2 for n in sizes)
-        covar = sum((n - mean_n) * (t - mean_t) for n, t in zip(sizes, times, strict=True))
+        var = sum((x - mean_x) ** 2 for x in xs)
+        if var < 1e-12:  # one size (or sizes the prior prices alike): the prior's shape
+            return mean_t * (1.0 + self._excess(tokens)) / (1.0 + mean_x)
+        covar = sum((x - mean_x) * (t - mean_t) for x, t in zip(xs, times, strict=True))
         slope = max(0.0, covar / var)
-        intercept = mean_t - slope * mean_n
+        intercept = mean_t - slope * mean_x
         # A noisy fit can put the intercept at or below zero; keep one token's time positive.
-        return max(intercept + slope * tokens, 1e-3 * mean_t, 1e-12)
+        return max(intercept + slope * self._excess(tokens), 1e-3 * mean_t, 1e-12)
 
     def curve(self, max_tokens: int) -> CostCurve | None:
+        """The learned curve over 1..max_tokens; the prior itself until a step is seen (None
+        without one)."""
         if not self.seconds:
-            return None
+            return self.prior
         sizes = tuple(range(1, max_tokens + 1))
         return CostCurve(sizes, tuple(self.time(n) or 0.0 for n in sizes))
 
@@ -131,10 +147,22 @@ class LearnedCurve:
 class CostK:
     """Maximises the predicted speedup S(K); K = 0 with periodic K = 1 probes."""
 
-    def __init__(self, config: CostConfig | None = None, *, cost_curve: CostCurve | None = None):
+    def __init__(
+        self,
+        config: CostConfig | None = None,
+        *,
+        cost_curve: CostCurve | None = None,
+        calibration: LearnedCurve | None = None,
+    ):
+        """``cost_curve``: the verification curve's prior shape. ``calibration``: a learner
+        shared with other requests' policies on the same target (its own prior replaces
+        ``cost_curve``); None learns within this request only."""
         self.config = config or CostConfig()
-        self.cost_curve = cost_curve
-        self.learned = LearnedCurve(self.config.smoothing, self.config.verify_slope_prior)
+        self.learned = (
+            calibration
+            if calibration is not None
+            else LearnedCurve(self.config.smoothing, self.config.verify_slope_prior, cost_curve)
+        )
         self.k = self._opening_k()
         self.speculative_steps = 0
         self.plain_tokens = 0  # plain tokens since the last probe (or since K fell to 0)
@@ -154,8 +182,9 @@ class CostK:
         1..initial_k that the prior acceptance and free drafting predict best, where it
         beats ``initial_k`` by the margin. On a flat curve that is ``initial_k``; where
         verification is dear (int4: 5 tokens cost 1.7x one) the warm-up probes at K = 1
-        instead of paying for long drafts first."""
-        cfg, curve = self.config, self.cost_curve
+        instead of paying for long drafts first. A shared calibration that has seen steps
+        already gives its learned curve here."""
+        cfg, curve = self.config, self._curve()
         if curve is None:
             return cfg.initial_k
         speedups = {
@@ -189,12 +218,8 @@ class CostK:
         w = cfg.smoothing
         tokens = record.num_draft_tokens + 1  # the target's chunk: the pending token and the draft
         if record.target_time > 0.0 and record.verify_groups == 1:
-            if self.cost_curve is not None:
-                one = record.target_time / self.cost_curve.relative(record.num_draft_tokens)
-                self.target_one = ewma(self.target_one, one, w)
-            else:
-                self.learned.observe(tokens, record.target_time)
-                self.target_one = self.learned.time(1)
+            self.learned.observe(tokens, record.target_time)
+            self.target_one = self.learned.time(1)
         if record.num_draft_tokens == 0:
             if record.k == 0:
                 self.plain_tokens += len(record.emitted)
@@ -211,7 +236,7 @@ class CostK:
             self._decide()
 
     def _curve(self) -> CostCurve | None:
-        return self.cost_curve or self.learned.curve(self.config.max_k + 1)
+        return self.learned.curve(self.config.max_k + 1)
 
     def _groups(self, alpha: float, curve: CostCurve, k: int) -> int:
         """The verification groups for k draft tokens: the cheapest expected, if it beats
@@ -244,7 +269,7 @@ class CostK:
         """Chunked verification for a draft of each length up to k (``StepPlan``), once
         alpha and the costs are known; before that no preference."""
         alpha, cfg = self.alpha, self.config
-        no_curve = self.cost_curve is None and not self.learned.seconds  # _curve() is None
+        no_curve = self.learned.prior is None and not self.learned.seconds  # _curve() is None
         if alpha is None or no_curve or self.speculative_steps < cfg.warmup_steps:
             return None
         if k < 2 or cfg.max_verify_groups <= 1:

@@ -16,7 +16,7 @@ from typing import Any
 
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.config import DEFAULT_POLICY, PolicySpec, options_into
-from spectune.control.cost import CostConfig, CostK
+from spectune.control.cost import CostConfig, CostK, LearnedCurve
 from spectune.control.costs import CostCurve
 from spectune.control.fallback import (
     FallbackCheck,
@@ -30,7 +30,7 @@ from spectune.control.threshold import ThresholdConfig, ThresholdK
 from spectune.errors import InvalidParameterError
 from spectune.sampling import SamplingParams
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "build_policy", "make_policy"]
+__all__ = ["DEFAULT_POLICY", "POLICIES", "build_policy", "make_policy", "shared_calibration"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class _FixedConfig:
 class _Context:
     params: SamplingParams
     cost_curve: CostCurve | None
+    calibration: LearnedCurve | None = None
 
 
 def _threshold(options: Mapping[str, Any], ctx: _Context) -> KPolicy:
@@ -50,7 +51,8 @@ def _threshold(options: Mapping[str, Any], ctx: _Context) -> KPolicy:
 
 
 def _cost(options: Mapping[str, Any], ctx: _Context) -> KPolicy:
-    return CostK(options_into(CostConfig, options, "cost"), cost_curve=ctx.cost_curve)
+    config = options_into(CostConfig, options, "cost")
+    return CostK(config, cost_curve=ctx.cost_curve, calibration=ctx.calibration)
 
 
 def _fixed(options: Mapping[str, Any], ctx: _Context) -> KPolicy:
@@ -95,6 +97,7 @@ def make_policy(
     *,
     params: SamplingParams | None = None,
     cost_curve: CostCurve | None = None,
+    calibration: LearnedCurve | None = None,
 ) -> KPolicy:
     """A fresh policy for one request.
 
@@ -105,6 +108,8 @@ def make_policy(
     params      the request's sampling parameters (``threshold`` reads the temperature).
     cost_curve  the target's measured verification curve (``cost`` and the global check
                 use it; without it they learn from the records).
+    calibration ``cost``'s verification-curve learner shared between the requests of one
+                target (``shared_calibration``); None: each request learns alone.
     """
     if name not in _POLICIES:
         raise InvalidParameterError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
@@ -119,7 +124,7 @@ def make_policy(
     for kind, table in tables.items():
         if not isinstance(table, Mapping):
             raise InvalidParameterError(f"option {kind} must be a table of options")
-    ctx = _Context(params or SamplingParams(), cost_curve)
+    ctx = _Context(params or SamplingParams(), cost_curve, calibration)
     policy = builder(options, ctx)
     # Every table is parsed, so a typo in an unused one is not silently ignored; only the
     # checks asked for are built.
@@ -137,6 +142,26 @@ def build_policy(
     *,
     params: SamplingParams | None = None,
     cost_curve: CostCurve | None = None,
+    calibration: LearnedCurve | None = None,
 ) -> KPolicy:
     """``make_policy`` for a ``PolicySpec`` (what the CLI parses)."""
-    return make_policy(spec.name, spec.options, params=params, cost_curve=cost_curve)
+    return make_policy(
+        spec.name, spec.options, params=params, cost_curve=cost_curve, calibration=calibration
+    )
+
+
+def shared_calibration(
+    name: str, config: Mapping[str, Any] | None, cost_curve: CostCurve | None
+) -> LearnedCurve | None:
+    """A verification-curve learner for the ``cost`` policies of one target's requests to
+    share (``make_policy(..., calibration=...)``), built with that policy's options and
+    ``cost_curve`` as its prior; None for other policies (or bad options, which
+    ``make_policy`` reports)."""
+    if name != "cost":
+        return None
+    options = {k: v for k, v in (config or {}).items() if k != "checks" and k not in _CHECKS}
+    try:
+        cfg = options_into(CostConfig, options, "cost")
+    except InvalidParameterError:
+        return None
+    return LearnedCurve(cfg.smoothing, cfg.verify_slope_prior, prior=cost_curve)
