@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import pytest
 
 from spectune.control import CostK, make_policy
@@ -22,6 +25,24 @@ def cost(curve: CostCurve | None = None, **options: object) -> CostK:
     return policy
 
 
+def iid(
+    alpha: float, curve: CostCurve, draft_time_per_token: float = 0.001, seed: int = 0
+) -> Callable[[int, int], ScriptedStep]:
+    """A script in which each draft token is kept with probability ``alpha`` given the
+    ones before it (i.i.d. acceptance, a seeded draw), target times on ``curve``."""
+    rng = random.Random(seed)
+
+    def step(index: int, k: int) -> ScriptedStep:
+        kept = 0
+        while kept < k and rng.random() < alpha:
+            kept += 1
+        return ScriptedStep(
+            kept / k if k else 0.0, draft_time_per_token, target_time=curve.time(k + 1)
+        )
+
+    return step
+
+
 def test_all_accepted_with_a_cheap_draft_goes_to_max_k() -> None:
     step = ScriptedStep(1.0, draft_time_per_token=0.0005, target_time=0.0105)
     trajectory = drive(cost(FLAT), [step] * 10)
@@ -30,28 +51,45 @@ def test_all_accepted_with_a_cheap_draft_goes_to_max_k() -> None:
 
 
 def test_a_steep_curve_keeps_k_small() -> None:
-    # alpha = 0.5: one of two drafted tokens accepted and then a rejection. (A prior of
-    # 0.9, weightless, keeps the warm-up at K = 2, where the script needs it.)
-    policy = cost(STEEP, initial_k=2, prior_tokens=0.0, prior_alpha=0.9)
-    steps = [ScriptedStep(0.5, draft_time_per_token=0.001, target_time=0.018)] * 12
-    trajectory = drive(policy, steps)
-    assert policy.alpha == pytest.approx(0.5)
-    assert set(trajectory[3:]) == {optimal_k(0.5, policy.draft_cost or 0, STEEP)[0]}
-    assert trajectory[-1] <= 2
+    # alpha = 0.6 (i.i.d.), drafting at 1% of a target step: on a flat curve K = 5 pays
+    # best (1.9x), on this compute-bound one nothing does (K = 1: 0.88x).
+    assert optimal_k(0.6, 0.01, STEEP)[0] == 0 and optimal_k(0.6, 0.01, FLAT)[0] == 5
+    for seed in range(3):
+        policy = cost(STEEP, initial_k=4, max_verify_groups=1)  # one pass per step
+        trajectory = drive(policy, iid(0.6, STEEP, draft_time_per_token=0.0001, seed=seed), 60)
+        assert policy.alpha is not None and 0.35 < policy.alpha < 0.85
+        assert max(trajectory[3:]) <= 1  # plain, but for K = 1 probes every 32 tokens
+        assert trajectory[-1] == 0
+        flat = drive(cost(FLAT), iid(0.6, FLAT, draft_time_per_token=0.0001, seed=seed), 60)
+        assert min(flat[10:]) >= 3
 
 
 def test_decision_matches_the_speedup_model() -> None:
-    policy = cost(FLAT, margin=0.0)
-
-    def on_curve(step: int, k: int) -> ScriptedStep:
-        return ScriptedStep(0.5, draft_time_per_token=0.002, target_time=FLAT.time(k + 1))
-
-    drive(policy, on_curve, 10)
-    assert policy.alpha is not None and policy.draft_cost is not None
-    best_k, best = optimal_k(policy.alpha, policy.draft_cost, FLAT, max_k=8)
+    policy = cost(FLAT, margin=0.0, deepen_every=1000)
+    drive(policy, iid(0.6, FLAT), 40)
+    assert policy.draft_cost == pytest.approx(0.1)  # 1 ms per token over 10 ms
+    c = policy.draft_cost
+    speedups = {
+        k: (1 + policy.expected_accepted(k)) / (k * c + FLAT.relative(k)) for k in range(1, 9)
+    }
+    speedups[0] = 1.0
+    best_k = max(speedups, key=lambda k: (speedups[k], -k))
     assert policy.plan().k == best_k
-    assert policy.predicted == pytest.approx(best)
-    assert policy.draft_cost == pytest.approx(0.2)  # 2 ms per token over 10 ms
+    assert policy.predicted == pytest.approx(speedups[best_k])
+
+
+def test_without_later_positions_measured_the_model_is_iid() -> None:
+    """Before any step, every position's rate is the prior alpha: E(K) and S(K) are the
+    i.i.d. formulas (``predicted_speedup``)."""
+    policy = cost(FLAT, prior_alpha=0.4)
+    assert policy.position_rates(3) == pytest.approx([0.4, 0.4, 0.4])
+    assert policy.expected_accepted(3) == pytest.approx(0.4 + 0.16 + 0.064)
+    # One step keeps its first token and rejects the second: r_1 rises, r_2 falls, and
+    # r_3 (never reached) follows r_2.
+    drive(policy, [ScriptedStep(0.25)])  # K = 4: one of four kept
+    rates = policy.position_rates(3)
+    assert rates[0] > 0.4 and rates[1] < rates[0]
+    assert rates[2] == pytest.approx(policy.alpha)  # never reached: alpha
 
 
 def test_a_useless_draft_turns_speculation_off_with_a_reason() -> None:
@@ -116,20 +154,21 @@ def test_learned_curve_without_a_measured_curve() -> None:
 
 
 def test_learns_target_cost_from_records() -> None:
-    policy = cost(None, prior_tokens=0.0)
+    policy = cost(None, prior_tokens=0.0, max_k=4)
     for _ in range(3):  # plain steps measure the one-token forward
         policy.observe(fake_record(0, 0, target_time=0.010))
     assert policy.target_one == pytest.approx(0.010)
-    drive(policy, [ScriptedStep(0.75, draft_time_per_token=0.001, target_time=0.012)] * 6)
+    # Every draft token kept, K held at its maximum, 4: chunks of 5 tokens only.
+    drive(policy, [ScriptedStep(1.0, draft_time_per_token=0.001, target_time=0.012)] * 6)
     assert policy.learned.time(5) == pytest.approx(0.012)
     assert policy.target_one == pytest.approx(0.010)
     assert policy.draft_cost == pytest.approx(0.1)
-    assert 1 <= policy.plan().k <= 8
+    assert policy.plan().k == 4
 
 
 def test_state_is_reported() -> None:
     policy = cost(FLAT, prior_tokens=0.0)
-    drive(policy, [0.75] * 4)
+    drive(policy, [0.75] * 3)  # the warm-up: three of four kept each step
     state = policy.state()
     assert set(state) == {"k", "alpha", "draft_cost", "predicted_speedup"}
     assert state["alpha"] == pytest.approx(0.75)
@@ -183,3 +222,34 @@ def test_policies_sharing_a_calibration_open_from_what_it_learned() -> None:
     assert second.plan().k == 4  # opens at initial_k: long drafts are cheap here
     alone = make_policy("cost", {"checks": []}, cost_curve=DEAR)
     assert alone.plan().k == 1  # without the shared calibration: the prior again
+
+
+# Verification at int4-like prices: two tokens cost 1.1x one, three 1.31x.
+PRICEY = CostCurve((1, 2, 3, 5, 9), (0.020, 0.022, 0.02622, 0.034, 0.050))
+
+
+def runs_of_two(step: int, k: int) -> ScriptedStep:
+    """A suffix-like drafter: every third step its first token is kept and then so is its
+    second (r_1 = 1/3, r_2 = 1); target times on ``PRICEY``, drafting at 2.5%."""
+    kept = min(k, 2) if step % 3 == 0 else 0
+    return ScriptedStep(kept / k if k else 0.0, 0.0005, target_time=PRICEY.time(k + 1))
+
+
+def test_correlated_acceptance_keeps_the_k_that_pays() -> None:
+    # Truth: K = 1 gives 1.33 / 1.125 = 1.19x, K = 2 gives 1.67 / 1.36 = 1.22x. The
+    # i.i.d. model, fed the same steps' alpha (0.42 at K = 2), says K = 1 pays more.
+    policy = cost(None, initial_k=2, max_verify_groups=1)
+    trajectory = drive(policy, runs_of_two, 60)
+    assert policy.alpha is not None and policy.draft_cost is not None
+    assert optimal_k(policy.alpha, policy.draft_cost, PRICEY)[0] == 1
+    rates = policy.position_rates(2)
+    assert rates[0] == pytest.approx(1 / 3, abs=0.1) and rates[1] > 0.9
+    assert trajectory[5:].count(2) >= 50  # K = 2 throughout, but one K + 1 step
+
+
+def test_every_deepen_every_steps_one_step_drafts_one_more() -> None:
+    policy = cost(FLAT, initial_k=2, max_k=4, deepen_every=5, margin=1.0)  # K held at 2
+    trajectory = drive(policy, [ScriptedStep(0.5)] * 20)
+    assert trajectory == [2] * 5 + [3] + [2] * 5 + [3] + [2] * 5 + [3] + [2, 2]
+    at_max = cost(FLAT, initial_k=4, max_k=4, deepen_every=5, margin=1.0)
+    assert drive(at_max, [ScriptedStep(0.5)] * 12) == [4] * 12  # no K + 1 past max_k

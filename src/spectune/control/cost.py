@@ -1,11 +1,14 @@
 """``cost``: the K that maximises predicted speedup, from measured acceptance and costs.
 
-Each decision evaluates the analytic speedup of ``spectune.control.costs`` (the formula of
-``predicted_speedup``, with chunked verification's cost where it is chosen):
+Each decision evaluates the speedup of ``spectune.control.costs`` (``predicted_speedup``,
+with chunked verification's cost where it is chosen), its expected tokens per step taken
+from acceptance measured per draft position:
 
-    S(K) = (1 - alpha^(K+1)) / ((1 - alpha) (K c + v(K))),   S(0) = 1 (plain decoding)
+    S(K) = (1 + E(K)) / (K c + v(K)),   E(K) = sum over j <= K of r_1 r_2 ... r_j,
+    S(0) = 1 (plain decoding)
 
-with every input measured on the running request:
+which is (1 - alpha^(K+1)) / ((1 - alpha) (K c + v(K))) where every r_j = alpha. Every
+input is measured on the running request:
 - alpha, the per-token acceptance: an EWMA of accepted draft tokens over tested draft
   tokens (accepted, plus the one rejected token when a step was cut short). This is the
   maximum-likelihood alpha of the i.i.d. acceptance model, unlike accepted / positions,
@@ -14,6 +17,20 @@ with every input measured on the running request:
   it, three first steps that accept nothing (common for a drafter that pays later, measured
   on the suffix drafter's QA prompts) set alpha to 0 and hold K at 0 for ``probe_every``
   tokens.
+- r_j, the rate at which the target kept the j-th draft token among the steps that kept
+  the tokens before it: EWMA-weighted, with a prior pseudo-step at alpha that decays as
+  alpha's does, each time the position is reached. For r_1 it weighs ``prior_tokens``,
+  as alpha's prior, so unlucky first steps stop a draft no sooner than alpha would; for
+  later positions ``position_prior`` (default: one step), since they are asked about only
+  once the first position pays, and a policy at K = 2 must learn its second position
+  from a few steps. A position not yet reached is worth alpha (the i.i.d. model; a draft
+  kept whole still goes to long K at once), one reached often what it measured. Acceptance
+  is not i.i.d. for every drafter: the suffix drafter's second token was kept in 68% of
+  the steps that kept its first (int4 bench, T = 0: 37% first, 25% second), against an
+  alpha of 0.33, so the i.i.d. model priced its K = 2 under K = 1 while fixed K = 2 ran
+  5% faster; the shipped head's second token, 35%, is close to its alpha. While
+  K is at least 1, every ``deepen_every`` speculative steps one step drafts K + 1 tokens,
+  so the rate one position further is measured, not only assumed.
 - c, the draft cost: EWMA seconds per drafted token over the seconds of a one-token
   target step.
 - v(K), the verification curve, learned from the records (``LearnedCurve``): an EWMA of
@@ -70,6 +87,8 @@ class CostConfig:
     # (1 - smoothing)^n after n steps), so a few unlucky first steps do not stop a draft.
     prior_alpha: float = 0.3
     prior_tokens: float = 2.0
+    position_prior: float = 0.2  # weight of alpha in r_2, r_3, ... (EWMA units: one step)
+    deepen_every: int = 32  # speculative steps between K + 1 steps while K >= 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_k <= MAX_K or not 1 <= self.initial_k <= self.max_k:
@@ -83,8 +102,10 @@ class CostConfig:
             raise InvalidParameterError(
                 f"max_verify_groups must be >= 1, got {self.max_verify_groups}"
             )
-        if self.warmup_steps < 1 or self.probe_every < 1:
-            raise InvalidParameterError("warmup_steps and probe_every must be >= 1")
+        if self.position_prior < 0.0:
+            raise InvalidParameterError(f"position_prior must be >= 0, got {self.position_prior}")
+        if self.warmup_steps < 1 or self.probe_every < 1 or self.deepen_every < 1:
+            raise InvalidParameterError("warmup_steps, probe_every and deepen_every must be >= 1")
         if self.margin < 0.0 or self.verify_slope_prior < 0.0:
             raise InvalidParameterError("margin and verify_slope_prior must be >= 0")
         if not 0.0 <= self.prior_alpha < 1.0 or self.prior_tokens < 0.0:
@@ -170,6 +191,13 @@ class CostK:
         # alpha = accepted / tested; both start at the prior's pseudo-step.
         self.tested = self.config.prior_tokens
         self.accepted = self.config.prior_alpha * self.config.prior_tokens
+        # Per draft position (index j: the (j + 1)-th token): EWMA-weighted steps that
+        # reached it (kept every token before it), of those that kept it too, and how
+        # often it was reached (its prior's weight decays with that).
+        self.reached = [0.0] * MAX_K
+        self.kept = [0.0] * MAX_K
+        self.reaches = [0] * MAX_K
+        self.since_deepened = 0  # speculative steps since the last K + 1 step
         self.draft_token_time: float | None = None  # EWMA seconds per drafted token
         self.target_one: float | None = None  # EWMA seconds of a one-token target step
         self.predicted: float | None = None  # S(K) of the current K at the last decision
@@ -201,6 +229,27 @@ class CostK:
         # steps should not promise an infinite payoff.
         return min(self.accepted / self.tested, 0.99) if self.tested > 0 else None
 
+    def position_rates(self, k: int) -> list[float]:
+        """r_1..r_k: each draft position's kept rate among the steps that reached it, with
+        its prior at alpha (module docstring)."""
+        cfg, alpha = self.config, self.alpha or 0.0
+        rates = []
+        for j in range(k):
+            prior = cfg.prior_tokens if j == 0 else cfg.position_prior
+            weight = prior * (1.0 - cfg.smoothing) ** self.reaches[j]
+            reached = self.reached[j] + weight
+            rate = (self.kept[j] + weight * alpha) / reached if reached > 0 else alpha
+            rates.append(min(rate, 0.99))  # as alpha: capped below 1
+        return rates
+
+    def expected_accepted(self, k: int) -> float:
+        """E(k): expected draft tokens kept from a k-token draft."""
+        total, run = 0.0, 1.0
+        for rate in self.position_rates(k):
+            run *= rate
+            total += run
+        return total
+
     @property
     def draft_cost(self) -> float | None:
         if self.draft_token_time is None or not self.target_one:
@@ -208,8 +257,10 @@ class CostK:
         return self.draft_token_time / self.target_one
 
     def plan(self) -> StepPlan:
-        probing = self.k == 0 and self.plain_tokens >= self.config.probe_every
-        k = 1 if probing else self.k
+        cfg = self.config
+        probing = self.k == 0 and self.plain_tokens >= cfg.probe_every
+        deepening = 0 < self.k < cfg.max_k and self.since_deepened >= cfg.deepen_every
+        k = 1 if probing else self.k + 1 if deepening else self.k
         return StepPlan(k, self._group_table(k), self._reason())
 
     def observe(self, record: StepRecord) -> None:
@@ -227,6 +278,12 @@ class CostK:
         rejected = 1 if record.accepted < record.positions else 0
         self.accepted = (1.0 - w) * self.accepted + w * record.accepted
         self.tested = (1.0 - w) * self.tested + w * (record.accepted + rejected)
+        for j in range(min(record.accepted + rejected, MAX_K)):  # the positions reached
+            self.reached[j] = (1.0 - w) * self.reached[j] + w
+            self.kept[j] = (1.0 - w) * self.kept[j] + (w if j < record.accepted else 0.0)
+            self.reaches[j] += 1
+        deepened = 0 < self.k < record.k
+        self.since_deepened = 0 if deepened else self.since_deepened + 1
         per_token = record.draft_time / record.num_draft_tokens
         self.draft_token_time = ewma(self.draft_token_time, per_token, w)
         self.speculative_steps += 1
@@ -262,8 +319,10 @@ class CostK:
 
     def _speedup(self, alpha: float, cost: float, curve: CostCurve, k: int, groups: int) -> float:
         """S(k) with k draft tokens verified in ``groups`` groups (1: one pass)."""
-        verify = expected_chunked_cost(curve, alpha, k, groups) if k else 1.0
-        return predicted_speedup(alpha, cost, curve, k, verify_cost=verify)
+        if k == 0:
+            return 1.0
+        verify = expected_chunked_cost(curve, alpha, k, groups)
+        return (1.0 + self.expected_accepted(k)) / (k * cost + verify)
 
     def _group_table(self, k: int) -> tuple[int, ...] | None:
         """Chunked verification for a draft of each length up to k (``StepPlan``), once
