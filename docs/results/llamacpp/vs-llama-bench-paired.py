@@ -81,9 +81,7 @@ def bench_rate() -> float:
 
 def interval(ratios: list[float]) -> tuple[float, float]:
     rng = random.Random(0)
-    medians = sorted(
-        statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000)
-    )
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
     return medians[100], medians[1899]
 
 
