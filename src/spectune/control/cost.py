@@ -139,30 +139,39 @@ class LearnedCurve:
             return self.slope_prior * (tokens - 1)
         return self.prior.relative(tokens - 1) - 1.0
 
-    def time(self, tokens: int) -> float | None:
-        if not self.seconds:
-            return None
+    def _line(self) -> tuple[float, float, float]:
+        """(a, b, floor): t(n) = max(a + b x(n), floor) through the sizes seen (at least
+        one)."""
         sizes = list(self.seconds)
         xs = [self._excess(n) for n in sizes]
         times = [self.seconds[n] for n in sizes]
         mean_x = sum(xs) / len(xs)
         mean_t = sum(times) / len(times)
+        # A noisy fit can put the intercept at or below zero; keep one token's time positive.
+        floor = max(1e-3 * mean_t, 1e-12)
         var = sum((x - mean_x) ** 2 for x in xs)
         if var < 1e-12:  # one size (or sizes the prior prices alike): the prior's shape
-            return mean_t * (1.0 + self._excess(tokens)) / (1.0 + mean_x)
+            scale = mean_t / (1.0 + mean_x)
+            return scale, scale, floor
         covar = sum((x - mean_x) * (t - mean_t) for x, t in zip(xs, times, strict=True))
         slope = max(0.0, covar / var)
-        intercept = mean_t - slope * mean_x
-        # A noisy fit can put the intercept at or below zero; keep one token's time positive.
-        return max(intercept + slope * self._excess(tokens), 1e-3 * mean_t, 1e-12)
+        return mean_t - slope * mean_x, slope, floor
+
+    def time(self, tokens: int) -> float | None:
+        if not self.seconds:
+            return None
+        intercept, slope, floor = self._line()
+        return max(intercept + slope * self._excess(tokens), floor)
 
     def curve(self, max_tokens: int) -> CostCurve | None:
         """The learned curve over 1..max_tokens; the prior itself until a step is seen (None
         without one)."""
         if not self.seconds:
             return self.prior
+        intercept, slope, floor = self._line()
         sizes = tuple(range(1, max_tokens + 1))
-        return CostCurve(sizes, tuple(self.time(n) or 0.0 for n in sizes))
+        times = tuple(max(intercept + slope * self._excess(n), floor) for n in sizes)
+        return CostCurve(sizes, times)
 
 
 class CostK:
@@ -244,11 +253,16 @@ class CostK:
 
     def expected_accepted(self, k: int) -> float:
         """E(k): expected draft tokens kept from a k-token draft."""
-        total, run = 0.0, 1.0
+        return self._expected_by_length(k)[k]
+
+    def _expected_by_length(self, k: int) -> list[float]:
+        """E(0), E(1), ..., E(k) from one pass over the position rates."""
+        table, total, run = [0.0], 0.0, 1.0
         for rate in self.position_rates(k):
             run *= rate
             total += run
-        return total
+            table.append(total)
+        return table
 
     @property
     def draft_cost(self) -> float | None:
@@ -317,12 +331,15 @@ class CostK:
             self._table = tuple(self._groups(alpha, curve, n) for n in lengths)
         return self._table
 
-    def _speedup(self, alpha: float, cost: float, curve: CostCurve, k: int, groups: int) -> float:
-        """S(k) with k draft tokens verified in ``groups`` groups (1: one pass)."""
+    def _speedup(
+        self, alpha: float, cost: float, curve: CostCurve, k: int, groups: int, expected: float
+    ) -> float:
+        """S(k) with k draft tokens verified in ``groups`` groups (1: one pass), ``expected``
+        of them kept (E(k))."""
         if k == 0:
             return 1.0
         verify = expected_chunked_cost(curve, alpha, k, groups)
-        return (1.0 + self.expected_accepted(k)) / (k * cost + verify)
+        return (1.0 + expected) / (k * cost + verify)
 
     def _group_table(self, k: int) -> tuple[int, ...] | None:
         """Chunked verification for a draft of each length up to k (``StepPlan``), once
@@ -341,8 +358,11 @@ class CostK:
         if alpha is None or cost is None or curve is None:
             return
         groups = self._groups_by_length(alpha, curve)
+        max_k = self.config.max_k
+        expected = self._expected_by_length(max_k)
         speedups = {
-            k: self._speedup(alpha, cost, curve, k, groups[k]) for k in range(self.config.max_k + 1)
+            k: self._speedup(alpha, cost, curve, k, groups[k], expected[k])
+            for k in range(max_k + 1)
         }
         best_k = max(speedups, key=lambda k: (speedups[k], -k))
         best, current = speedups[best_k], speedups[self.k]
