@@ -208,7 +208,7 @@ class CostK:
         self.reaches = [0] * MAX_K
         self.since_deepened = 0  # speculative steps since the last K + 1 step
         self.draft_token_time: float | None = None  # EWMA seconds per drafted token
-        self.target_one: float | None = None  # EWMA seconds of a one-token target step
+        self.target_one: float | None = None  # one-token target step seconds (learned)
         self.predicted: float | None = None  # S(K) of the current K at the last decision
         # Groups by draft length 0..max_k from the current estimates (``_group_table``);
         # None until asked. Every observation moves the estimates and clears it.
