@@ -26,7 +26,7 @@ from spectune.drafters.base import DraftRequest, TargetFeatures
 from spectune.drafters.batched import PerRow, batch_source
 from spectune.drafters.pairing import drafter_summary, tree_drafter_for, with_history
 from spectune.drafters.scripted import ScriptedSession
-from spectune.drafters.suffix_index import HistoryStore
+from spectune.drafters.suffix_history import HistoryStore
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.models.vocab import TargetVocabModel

@@ -14,13 +14,14 @@ import pytest
 from spectune.cli import main
 from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
-from spectune.drafters import ModelDrafter, ScriptedDrafter
+from spectune.drafters import ModelDrafter, ScriptedDrafter, suffix_history, suffix_kernels
 from spectune.drafters.base import Drafter
 from spectune.drafters.hybrid import HybridDrafter, SourceStats
 from spectune.drafters.pairing import Loaded, load_drafter
 from spectune.drafters.suffix import SuffixDrafter, SuffixSettings, propose_from
+from spectune.drafters.suffix_history import HistoryStore
 from spectune.drafters.suffix_index import (
-    HistoryStore,
+    MAX_OCCURRENCES,
     SuffixIndex,
     continuation,
     scan_matches,
@@ -135,6 +136,121 @@ def test_history_evicts_the_oldest_outputs() -> None:
     assert len(history) == 2 and history.num_tokens == 7
     assert history.find([2], 4) is None
     assert history.find([6], 4) is not None
+
+
+def reference_continuation(
+    docs: list[list[int]], tail: list[int], length: int, max_tokens: int, min_prob: float
+) -> tuple[list[int], list[float]]:
+    """``continuation`` by counting, document by document (no index, no kernel)."""
+    want = tail[-length:]
+    paths = [
+        doc[i + length :]
+        for doc in docs
+        for i in range(len(doc) - length)
+        if doc[i : i + length] == want
+    ]
+    total, tokens, probs = len(paths), [], []
+    for step in range(max_tokens):
+        counts: dict[int, int] = {}
+        for path in paths:
+            if len(path) > step:
+                counts[path[step]] = counts.get(path[step], 0) + 1
+        if not counts:
+            break
+        best = min(counts, key=lambda token: (-counts[token], token))
+        if counts[best] / total < min_prob:
+            break
+        tokens.append(best)
+        probs.append(counts[best] / total)
+        paths = [path for path in paths if len(path) > step and path[step] == best]
+    return tokens, probs
+
+
+def test_continuation_agrees_with_counting_on_random_corpora() -> None:
+    rng = np.random.default_rng(11)
+    for trial in range(20):
+        docs = [rng.integers(0, 3, rng.integers(1, 25)).tolist() for _ in range(10)]
+        index = build(docs, max_depth=5)
+        for _ in range(20):
+            tail = rng.integers(0, 3, rng.integers(1, 8)).tolist()
+            match = index.find(tail)
+            if match is None:
+                continue
+            min_prob = float(rng.choice([0.0, 0.2]))
+            want = reference_continuation(docs, tail, match.length, 4, min_prob)
+            got = continuation(match, 4, min_prob)
+            assert got[0] == want[0], (trial, tail)
+            assert got[1] == pytest.approx(want[1])
+
+
+def test_compiled_chain_lookups_equal_match_then_continuation() -> None:
+    """The drafter's one-call chain lookups (``scan_chain``, ``SuffixIndex.chain``) propose
+    what ``propose_from`` does from the match, including thinned very common tails."""
+    rng = np.random.default_rng(8)
+    for trial in range(30):
+        docs = [rng.integers(0, 3, rng.integers(1, 400)).tolist() for _ in range(8)]
+        index = build(docs, max_depth=6)
+        settings = SuffixSettings(
+            max_depth=6, factor=float(rng.choice([0.5, 1.0])), min_prob=float(rng.choice([0, 0.2]))
+        )
+        for _ in range(10):
+            tail = np.asarray(rng.integers(0, 3, rng.integers(1, 9)), dtype=np.int32)
+            k = int(rng.integers(1, 6))
+            caps = settings.caps(k)
+            for source, chain, match in (
+                ("corpus", index.chain(tail, caps, settings.min_prob), index.find(tail)),
+                (
+                    "context",
+                    suffix_kernels.scan_chain(
+                        index.tokens,
+                        tail,
+                        6,
+                        len(index.tokens) - 1,
+                        caps,
+                        settings.min_prob,
+                        MAX_OCCURRENCES,
+                    ),
+                    scan_matches(index.tokens, tail, 6),
+                ),
+            ):
+                want = propose_from(match, k, settings, source)
+                length, tokens, probs = chain
+                assert tokens == want.tokens, (trial, source)
+                assert probs == pytest.approx(want.probs)
+                if tokens:
+                    assert length == want.match_length
+
+
+def test_history_index_agrees_with_the_outputs_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past REINDEX_MIN_TOKENS the history is an index plus a scan of the newest outputs;
+    its match is the longest among the outputs still held (evicted and replaced ones
+    skipped), and it re-indexes a bounded number of times while outputs come and go."""
+    monkeypatch.setattr(suffix_history, "REINDEX_MIN_TOKENS", 40)
+    rng = np.random.default_rng(3)
+    history = HistoryStore(max_tokens=300, max_depth=6)
+    held: dict[int, list[int]] = {}
+    for key in range(400):
+        doc = rng.integers(0, 4, rng.integers(1, 20)).tolist()
+        key = int(rng.integers(0, key + 1)) if rng.random() < 0.1 else key  # a replacement
+        history.add(key, doc)
+        held.pop(key, None)  # a replaced output counts as the newest
+        held[key] = doc
+        while sum(len(d) for d in held.values()) > 300:
+            held.pop(next(iter(held)))
+        docs = [history_doc.tolist() for history_doc in history.documents()]
+        assert sorted(map(tuple, docs)) == sorted(map(tuple, held.values()))
+        tail = rng.integers(0, 4, rng.integers(1, 8)).tolist()
+        match = history.find(tail, 6)
+        want = brute_force_longest(docs, tail, 6)
+        assert (match.length if match else 0) == want, (key, tail)
+        if match is None:
+            continue
+        for end in match.ends.tolist():  # every occurrence is in an output still held
+            seen = match.tokens[end - want + 1 : end + 2].tolist()
+            assert any(
+                doc[i : i + want + 1] == seen for doc in docs for i in range(len(doc) - want)
+            )
+    assert 10 <= history.reindexed <= 60  # ~ one per quarter of the store's turnover
 
 
 def test_server_drafters_file_their_outputs_in_the_shared_history() -> None:

@@ -29,7 +29,7 @@ from spectune.control.config import PolicySpec
 from spectune.control.crossover import verify_curve_of
 from spectune.control.registry import build_policy
 from spectune.drafters.pairing import with_history
-from spectune.drafters.suffix_index import HistoryStore
+from spectune.drafters.suffix_history import HistoryStore
 from spectune.errors import InvalidParameterError
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter

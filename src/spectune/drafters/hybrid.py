@@ -88,7 +88,8 @@ import torch
 from spectune.draft import MAX_TREE_NODES, Draft, tree_depths
 from spectune.drafters.base import Drafter, TargetFeatures, TreeShape, describe, fresh_drafter
 from spectune.drafters.suffix import SuffixDrafter
-from spectune.drafters.suffix_index import HistoryStore, breadth_first
+from spectune.drafters.suffix_history import HistoryStore
+from spectune.drafters.suffix_index import breadth_first
 from spectune.errors import InvalidParameterError
 from spectune.records import MAX_K
 from spectune.sampling import SamplingParams

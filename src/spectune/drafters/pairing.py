@@ -37,7 +37,8 @@ from spectune.drafters.loading import (
 from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.suffix import HistoryUser, SuffixDrafter
-from spectune.drafters.suffix_index import HistoryStore, SuffixIndex, tokenizer_fingerprint
+from spectune.drafters.suffix_history import HistoryStore
+from spectune.drafters.suffix_index import SuffixIndex, tokenizer_fingerprint
 from spectune.errors import (
     IncompatibleModelsError,
     InvalidParameterError,

@@ -38,6 +38,7 @@ at any temperature.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import weakref
@@ -46,13 +47,16 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from spectune.draft import MAX_TREE_NODES, Draft
+from spectune.drafters import suffix_kernels
 from spectune.drafters.base import Drafter, TargetFeatures, TreeShape
+from spectune.drafters.suffix_history import HistoryStore
 from spectune.drafters.suffix_index import (
+    MAX_OCCURRENCES,
     SEP,
-    HistoryStore,
     Match,
     SuffixIndex,
     TokenArray,
@@ -97,6 +101,14 @@ class SuffixSettings:
 
     def length_cap(self, match_length: int, requested: int) -> int:
         return max(0, min(requested, math.floor(self.factor * match_length + self.offset)))
+
+    @functools.cache  # noqa: B019 (frozen and small: one entry per K asked for)
+    def caps(self, requested: int) -> npt.NDArray[np.int64]:
+        """``length_cap`` for every match length 0..max_depth (the compiled lookups)."""
+        return np.array(
+            [self.length_cap(length, requested) for length in range(self.max_depth + 1)],
+            dtype=np.int64,
+        )
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,12 @@ def propose_from(
         return SuffixProposal(tree.tokens, tree.probs, match.length, source, tree.parents)
     tokens, probs = continuation(match, cap, settings.min_prob)
     return SuffixProposal(tokens, probs, match.length, source) if tokens else NO_PROPOSAL
+
+
+def _chain_proposal(chain: suffix_kernels.Chain, source: str) -> SuffixProposal:
+    """A compiled chain lookup as a proposal (``propose_from`` for chains)."""
+    length, tokens, probs = chain
+    return SuffixProposal(tokens, probs, length, source) if tokens else NO_PROPOSAL
 
 
 @dataclass
@@ -212,6 +230,7 @@ class SuffixDrafter:
         *,
         name: str = "suffix",
     ) -> None:
+        suffix_kernels.warm_up()  # once per process: not on the first drafting step
         self.index = index
         self.history = history
         self.settings = settings or SuffixSettings()
@@ -270,24 +289,46 @@ class SuffixDrafter:
         request.sync(context)
         if num_tokens <= 0 or request.length == 0:
             return NO_PROPOSAL
-        depth = self.settings.max_depth
-        tail = request.stream[max(0, request.length - depth) : request.length].tolist()
+        settings = self.settings
+        depth = settings.max_depth
+        tail = request.stream[max(0, request.length - depth) : request.length]
         own = request.stream[: request.length + 1]
-        candidates = [
-            propose_from(
-                scan_matches(own, tail, depth, limit=request.length - 1),
-                num_tokens,
-                self.settings,
-                "context",
-            )
-        ]
-        if self.index is not None:
-            candidates.append(
-                propose_from(self.index.find(tail), num_tokens, self.settings, "corpus")
-            )
+        if settings.tree:
+            candidates = [
+                propose_from(
+                    scan_matches(own, tail, depth, limit=request.length - 1),
+                    num_tokens,
+                    settings,
+                    "context",
+                )
+            ]
+            if self.index is not None:
+                candidates.append(
+                    propose_from(self.index.find(tail), num_tokens, settings, "corpus")
+                )
+        else:  # chains: match and continuation in one compiled call per source
+            caps = settings.caps(num_tokens)
+            candidates = [
+                _chain_proposal(
+                    suffix_kernels.scan_chain(
+                        own,
+                        tail,
+                        depth,
+                        request.length - 1,
+                        caps,
+                        settings.min_prob,
+                        MAX_OCCURRENCES,
+                    ),
+                    "context",
+                )
+            ]
+            if self.index is not None:
+                candidates.append(
+                    _chain_proposal(self.index.chain(tail, caps, settings.min_prob), "corpus")
+                )
         if self.history is not None:
             candidates.append(
-                propose_from(self.history.find(tail, depth), num_tokens, self.settings, "history")
+                propose_from(self.history.find(tail, depth), num_tokens, settings, "history")
             )
         # max keeps the first of equal keys: ties go to the longer match, then source order
         return max(candidates, key=lambda p: (p.score, p.match_length))

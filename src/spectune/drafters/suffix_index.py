@@ -9,10 +9,9 @@ every place it ended" (a ``Match``):
   tokens are nested: each longer tail is a binary search inside the previous range. The
   array is sorted only ``max_depth`` tokens deep (matches are capped there), by prefix
   doubling in numpy. Memory: the tokens plus one int32 position per token.
-- ``scan_matches``: the same answer by a vectorised scan, for the small sources that change
-  every step (this request's prompt and output) or every request (``HistoryStore``).
-- ``HistoryStore``: the outputs of a server's earlier requests, oldest evicted first once
-  the store holds more than its token budget.
+- ``scan_matches``: the same answer by a scan, for the small sources that change every
+  step (this request's prompt and output) and the newest part of a server's history
+  (``spectune.drafters.suffix_history``).
 
 All sources store documents concatenated with ``SEP`` (-1) between them (and at both
 ends), so no match or continuation crosses a document boundary: a query never contains SEP.
@@ -22,26 +21,23 @@ grows a small tree of its most frequent continuations; both are shared by all so
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import heapq
 import itertools
 import json
-import threading
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from spectune.drafters import suffix_kernels
 from spectune.errors import IncompatibleModelsError, InvalidParameterError, ModelLoadError
 
 __all__ = [
     "INDEX_FORMAT",
     "SEP",
-    "HistoryStore",
     "Match",
     "SuffixIndex",
     "Document",
@@ -49,7 +45,9 @@ __all__ = [
     "ContinuationTree",
     "continuation",
     "continuation_tree",
+    "join_documents",
     "scan_matches",
+    "thin",
     "tokenizer_fingerprint",
 ]
 
@@ -57,8 +55,6 @@ SEP = -1  # document separator; never a token id
 INDEX_FORMAT = "spectune-suffix-index"
 INDEX_VERSION = 1
 DEFAULT_MAX_DEPTH = 32  # longest tail matched, in tokens
-# Below this many candidates the binary search hands over to a vectorised filter.
-_SCAN_BELOW = 48
 # A match keeps at most this many occurrences, evenly spaced over all of them: the
 # continuation's frequencies are estimated from a sample of very common tails (bounded cost).
 MAX_OCCURRENCES = 512
@@ -81,7 +77,7 @@ class Match:
     tokens: TokenArray  # [n] the source's SEP-separated token stream
 
 
-def _join(documents: Iterable[Document], front_pad: int) -> TokenArray:
+def join_documents(documents: Iterable[Document], front_pad: int) -> TokenArray:
     """Documents as one SEP-separated stream: ``front_pad`` SEPs, doc, SEP, doc, ..., SEP."""
     parts: list[npt.NDArray[np.int32]] = [np.full(max(front_pad, 1), SEP, dtype=np.int32)]
     sep = np.full(1, SEP, dtype=np.int32)
@@ -96,32 +92,26 @@ def _join(documents: Iterable[Document], front_pad: int) -> TokenArray:
 
 
 def scan_matches(
-    tokens: TokenArray, tail: Sequence[int], max_depth: int, limit: int | None = None
+    tokens: TokenArray, tail: Document, max_depth: int, limit: int | None = None
 ) -> Match | None:
     """The longest suffix of ``tail`` (at most ``max_depth`` tokens) that occurs in
-    ``tokens`` with a token (not SEP) after it, by a vectorised scan. ``limit``: only occurrences
+    ``tokens`` with a token (not SEP) after it, by a scan. ``limit``: only occurrences
     ending before this index count (the stream's own tail is not a match of itself)."""
-    if not tail:
+    if len(tail) == 0:
         return None
-    stop = len(tokens) - 1 if limit is None else min(limit, len(tokens) - 1)
-    ends = np.flatnonzero((tokens[:stop] == tail[-1]) & (tokens[1 : stop + 1] != SEP))
-    if ends.size == 0:
-        return None
-    length = 1
-    for depth in range(1, min(max_depth, len(tail))):
-        back = ends - depth
-        keep = ends[(back >= 0) & (tokens[np.maximum(back, 0)] == tail[-1 - depth])]
-        if keep.size == 0:
-            break
-        ends, length = keep, depth + 1
-    return Match(length, _thin(ends), tokens)
+    stop = len(tokens) - 1 if limit is None else limit
+    length, ends = suffix_kernels.scan(tokens, _as_tail(tail), max_depth, stop)
+    return Match(length, thin(ends), tokens) if length else None
 
 
-def _thin(ends: npt.NDArray[np.integer]) -> IntArray:
+def _as_tail(tail: Document) -> TokenArray:
+    """A context's tail as the kernels take it (int32, contiguous; no copy if it is one)."""
+    return np.ascontiguousarray(tail, dtype=np.int32)
+
+
+def thin(ends: npt.NDArray[np.integer]) -> IntArray:
     """At most MAX_OCCURRENCES of ``ends``, evenly spaced, as int64."""
-    if ends.size > MAX_OCCURRENCES:
-        ends = ends[np.linspace(0, ends.size - 1, MAX_OCCURRENCES).astype(np.int64)]
-    return ends.astype(np.int64)
+    return suffix_kernels.thin(ends.astype(np.int64, copy=False), MAX_OCCURRENCES)
 
 
 def continuation(match: Match, max_tokens: int, min_prob: float) -> tuple[list[int], list[float]]:
@@ -129,28 +119,7 @@ def continuation(match: Match, max_tokens: int, min_prob: float) -> tuple[list[i
     of each prefix's probability: ``probs[j]`` = (occurrences continuing with tokens[:j+1])
     / (all occurrences). Stops at ``max_tokens``, where every occurrence's document ended,
     or before ``probs`` would fall below ``min_prob``. Ties go to the smaller token id."""
-    ends = match.ends
-    total = ends.size
-    tokens: list[int] = []
-    probs: list[float] = []
-    for step in range(1, max_tokens + 1):
-        following = match.tokens[ends + step]  # in bounds: every document ends with SEP
-        if (following == following[0]).all():  # the common case once the path narrows
-            if following[0] < 0:
-                break
-            best, prob = int(following[0]), following.size / total
-        else:
-            values, counts = np.unique(following[following >= 0], return_counts=True)
-            if counts.size == 0:
-                break
-            top = int(counts.argmax())  # the first maximum: the smallest id among ties
-            best, prob = int(values[top]), int(counts[top]) / total
-        if prob < min_prob:
-            break
-        tokens.append(best)
-        probs.append(prob)
-        ends = ends[following == best]
-    return tokens, probs
+    return suffix_kernels.chain(match.tokens, match.ends, max_tokens, min_prob)
 
 
 @dataclass(frozen=True)
@@ -282,10 +251,10 @@ class SuffixIndex:
         self.order = order
         self.header = header
         self.max_depth = header.max_depth
-        self._heads = tokens[order]  # [positions] sorted: the first key, searched in numpy
-        # memoryviews index to Python ints far faster than numpy scalars (the bisect loop)
-        self._tokens_view = tokens.data
-        self._order_view = order.data
+        # [max id + 2] order[first[t]:first[t + 1]] holds token t's occurrences: the first
+        # step of every lookup is a table read, not a binary search
+        heads = tokens[order]
+        self.first = np.searchsorted(heads, np.arange(int(heads.max(initial=-1)) + 2))
 
     @classmethod
     def build(
@@ -301,7 +270,7 @@ class SuffixIndex:
         if max_depth < 1:
             raise InvalidParameterError(f"max_depth must be >= 1, got {max_depth}")
         docs = [doc for doc in documents if len(doc) > 0]
-        tokens = _join(docs, front_pad=max_depth)
+        tokens = join_documents(docs, front_pad=max_depth)
         if len(tokens) > max_depth + 1 and int(tokens.max()) >= vocab_size:
             raise InvalidParameterError(
                 f"token id {int(tokens.max())} is outside the vocabulary ({vocab_size})"
@@ -323,38 +292,39 @@ class SuffixIndex:
         )
         return cls(tokens, order, header)
 
-    def find(self, tail: Sequence[int]) -> Match | None:
+    def find(self, tail: Document) -> Match | None:
         """The longest suffix of ``tail`` (at most ``max_depth`` tokens) in the corpus."""
-        if not tail:
-            return None
-        last = np.int32(tail[-1])  # a Python int would make numpy copy the whole array
-        lo = int(np.searchsorted(self._heads, last, "left"))
-        hi = int(np.searchsorted(self._heads, last, "right"))
-        if lo == hi:
-            return None
-        tokens, order = self._tokens_view, self._order_view
-        depth = 1
-        # Binary search while the range is wide; each depth narrows inside the last range.
-        while depth < min(self.max_depth, len(tail)) and hi - lo > _SCAN_BELOW:
-            want = tail[-1 - depth]
-            back = depth
+        for length, ends in self.matches(tail):
+            return Match(length, thin(ends), self.tokens)
+        return None
 
-            def key(i: int, back: int = back) -> int:
-                return int(tokens[order[i] - back])
+    def chain(
+        self, tail: TokenArray, caps: npt.NDArray[np.int64], min_prob: float
+    ) -> suffix_kernels.Chain:
+        """``continuation(find(tail), caps[its length], min_prob)`` with its length, in
+        one compiled call (a suffix drafter's chain step)."""
+        return suffix_kernels.index_chain(
+            self.tokens,
+            self.order,
+            self.first,
+            tail,
+            self.max_depth,
+            caps,
+            min_prob,
+            MAX_OCCURRENCES,
+        )
 
-            new_lo = bisect.bisect_left(range(hi), want, lo, hi, key=key)
-            new_hi = bisect.bisect_right(range(hi), want, new_lo, hi, key=key)
-            if new_lo == new_hi:
-                return Match(depth, _thin(self.order[lo:hi]), self.tokens)
-            lo, hi, depth = new_lo, new_hi, depth + 1
-        ends = _thin(self.order[lo:hi])
-        # Few candidates left: filter them all at once, depth by depth.
-        while depth < min(self.max_depth, len(tail)):
-            keep = ends[self.tokens[ends - depth] == tail[-1 - depth]]
-            if keep.size == 0:
-                break
-            ends, depth = keep, depth + 1
-        return Match(depth, _thin(ends), self.tokens)
+    def matches(self, tail: Document) -> Iterator[tuple[int, IntArray]]:
+        """Every suffix of ``tail`` (at most ``max_depth`` tokens) found, longest first:
+        (its length, all its occurrences' ends, unthinned)."""
+        if len(tail) == 0:
+            return
+        bounds = suffix_kernels.narrow(
+            self.tokens, self.order, self.first, _as_tail(tail), self.max_depth
+        )
+        for length in range(len(bounds), 0, -1):
+            lo, hi = bounds[length - 1]
+            yield length, self.order[lo:hi].astype(np.int64)
 
     def save(self, path: Path) -> None:
         """One ``.npz`` file: the header (JSON), the token stream and the order."""
@@ -395,62 +365,4 @@ class SuffixIndex:
 
     @property
     def nbytes(self) -> int:
-        return int(self.tokens.nbytes + self.order.nbytes + self._heads.nbytes)
-
-
-class HistoryStore:
-    """Outputs of earlier requests, for a server: bounded by ``max_tokens``, oldest first out.
-
-    Shared by every request's drafter (one per server). ``add`` files a finished output
-    under a key (re-adding a key replaces it); ``find`` scans the concatenation, which is
-    rebuilt lazily after a change. A lock guards both: outputs are filed from whichever
-    thread drops a request's drafter, while another may be drafting.
-    """
-
-    def __init__(self, max_tokens: int = 262_144) -> None:
-        if max_tokens < 1:
-            raise InvalidParameterError(f"max_tokens must be >= 1, got {max_tokens}")
-        self.max_tokens = max_tokens
-        self._docs: OrderedDict[int, TokenArray] = OrderedDict()
-        self._size = 0
-        self._stream: TokenArray | None = None
-        self.added = 0  # documents ever added (evicted ones included)
-        self._lock = threading.Lock()
-
-    def add(self, key: int, output: Document) -> None:
-        with self._lock:
-            self._add(key, output)
-
-    def _add(self, key: int, output: Document) -> None:
-        if key in self._docs:
-            self._size -= len(self._docs.pop(key))
-        doc = np.asarray(output, dtype=np.int32)[-self.max_tokens :]
-        if doc.size == 0:
-            return
-        self._docs[key] = doc
-        self._size += len(doc)
-        self.added += 1
-        while self._size > self.max_tokens:
-            _, oldest = self._docs.popitem(last=False)
-            self._size -= len(oldest)
-        self._stream = None
-
-    def __len__(self) -> int:
-        return len(self._docs)
-
-    @property
-    def num_tokens(self) -> int:
-        return self._size
-
-    def documents(self) -> list[TokenArray]:
-        with self._lock:
-            return list(self._docs.values())
-
-    def find(self, tail: Sequence[int], max_depth: int) -> Match | None:
-        with self._lock:
-            if not self._docs:
-                return None
-            if self._stream is None:
-                self._stream = _join(self._docs.values(), front_pad=1)
-            stream = self._stream  # an add replaces the stream, never changes it in place
-        return scan_matches(stream, tail, max_depth)
+        return int(self.tokens.nbytes + self.order.nbytes + self.first.nbytes)

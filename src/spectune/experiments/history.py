@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from spectune.drafters.pairing import fresh_drafter, with_history
-from spectune.drafters.suffix_index import HistoryStore
+from spectune.drafters.suffix_history import HistoryStore
 from spectune.errors import InvalidParameterError
 from spectune.experiments.common import DecodeStats, Setup, decode_prompts
 from spectune.sampling import SamplingParams
