@@ -4,9 +4,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.spectune-installed
-# fp32 matmuls over a few rows are slow on AMD CPUs unless MKL takes its AVX2 path;
-# it must be set before torch loads.
+# fp32 matmuls over a few rows are slow on AMD CPUs unless MKL takes its AVX2 path (on
+# Intel CPUs that path is the slow one); it must be set before torch loads.
+ifneq ($(shell grep -s -m1 AuthenticAMD /proc/cpuinfo),)
 export MKL_CBWR ?= AVX2
+endif
 
 .PHONY: setup demo test lint typecheck pytest clean
 
