@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -253,3 +254,21 @@ def test_every_deepen_every_steps_one_step_drafts_one_more() -> None:
     assert trajectory == [2] * 5 + [3] + [2] * 5 + [3] + [2] * 5 + [3] + [2, 2]
     at_max = cost(FLAT, initial_k=4, max_k=4, deepen_every=5, margin=1.0)
     assert drive(at_max, [ScriptedStep(0.5)] * 12) == [4] * 12  # no K + 1 past max_k
+
+
+def test_checked_guesses_on_plain_steps_bring_k_back_before_a_probe() -> None:
+    """While K = 0 a model-free drafter's guesses are checked on plain steps
+    (StepPlan.shadow): when they start matching, K comes back long before the next probe."""
+    policy = cost(FLAT, prior_tokens=0.0, probe_every=32)
+    drive(policy, [0.0] * 3)
+    assert policy.plan().k == 0 and policy.plan().shadow
+    hits = 0
+    while policy.plan().k == 0 and hits < 8:
+        policy.observe(dataclasses.replace(fake_record(0, 0, draft_time=5e-5), shadow_hit=True))
+        hits += 1
+    assert policy.plan().k > 0 and hits < 8  # a probe would have come after 32
+    # misses count against the draft the same way
+    for _ in range(20):
+        policy.observe(dataclasses.replace(fake_record(0, 0), shadow_hit=False))
+    assert policy.alpha is not None and policy.alpha < 0.05
+    assert not cost(FLAT, shadow=False).plan().shadow

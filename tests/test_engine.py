@@ -7,12 +7,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from spectune.control.base import FixedK
+from spectune.control.base import FixedK, StepPlan
 from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import FailingDrafter, ModelDrafter, NgramDrafter, ScriptedDrafter
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import toy_model
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams
 
 PROMPTS = ([1, 5, 6, 7], [1, 9, 9, 12, 30, 9, 9, 12], [3])
@@ -149,3 +150,43 @@ def test_drafter_receives_target_features(toy_target: LlamaLM) -> None:
     for (length, start, n), (_, prev_start, prev_n) in zip(seen[1:], seen, strict=False):
         assert start == prev_start + prev_n
         assert start + n == length - 1
+
+
+class ShadowOnly:
+    """Plain steps that ask for the drafter's guess to be checked (StepPlan.shadow)."""
+
+    def plan(self) -> StepPlan:
+        return StepPlan(0, shadow=True)
+
+    def observe(self, record: StepRecord) -> None:
+        """Nothing to learn."""
+
+
+def test_plain_steps_check_a_model_free_drafters_guess(
+    toy_target: LlamaLM, toy_draft: LlamaLM
+) -> None:
+    """A shadow guess is compared with the token the step emitted and changes nothing
+    else; a drafter that runs a model is not asked."""
+    prompt = PROMPTS[1]
+    drafter = NgramDrafter()
+    records = list(
+        SpeculativeEngine(toy_target, drafter).generate(prompt, GREEDY, policy=ShadowOnly())
+    )
+    tokens = [t for record in records for t in record.emitted]
+    assert tokens == plain(toy_target, prompt)
+    context = list(prompt)
+    checked = 0
+    for record in records:
+        assert record.num_draft_tokens == 0
+        guess = NgramDrafter().propose(context, 1, GREEDY, None)
+        if len(guess):
+            checked += 1
+            assert record.shadow_hit == (int(guess.tokens[0]) == record.emitted[0])
+        else:
+            assert record.shadow_hit is None
+        context.extend(record.emitted)
+    assert checked > 0 and any(record.shadow_hit for record in records)
+    model = SpeculativeEngine(toy_target, ModelDrafter(toy_draft))
+    assert all(
+        record.shadow_hit is None for record in model.generate(prompt, GREEDY, policy=ShadowOnly())
+    )

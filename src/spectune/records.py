@@ -63,6 +63,9 @@ class StepRecord:
     # allocator's peak above resident, or on the CPU the bytes of its tensors from shapes);
     # None where not measured (older traces, test doubles).
     verify_peak_bytes: int | None = None
+    # A plain step's shadow guess (StepPlan.shadow): whether a model-free drafter's one-token
+    # guess was the token the target emitted; None where no guess was made.
+    shadow_hit: bool | None = None
 
     @property
     def positions(self) -> int:

@@ -37,11 +37,19 @@ class StepPlan:
     ``reason`` says why the policy holds speculation off or down (``cost: ...``,
     ``local: ...``); it may come with k > 0 (a probe at K = 1). The engine records it as
     the step's fallback when the step ends up plain.
+
+    ``shadow`` asks, on a plain step, for a model-free drafter's one-token guess to be
+    checked against the token the target emits (``StepRecord.shadow_hit``): acceptance
+    evidence that costs a lookup, not a verification. A one-hot guess d is kept by
+    verification with probability p_target(d), the chance that the target emits d, so
+    the evidence is unbiased at any temperature. The single-sequence engine acts on it
+    (``generate``, ``bench``, the experiments); the batched engine (``serve``) does not.
     """
 
     k: int  # draft tokens to propose (0: a plain step)
     verify_groups: tuple[int, ...] | None = None  # [k + 1]: groups by draft length
     reason: str | None = None
+    shadow: bool = False  # k == 0: check a model-free drafter's guess (see above)
 
     def __post_init__(self) -> None:
         if self.k < 0:

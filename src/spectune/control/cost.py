@@ -89,6 +89,11 @@ class CostConfig:
     prior_tokens: float = 2.0
     position_prior: float = 0.2  # weight of alpha in r_2, r_3, ... (EWMA units: one step)
     deepen_every: int = 32  # speculative steps between K + 1 steps while K >= 1
+    # While K = 0, ask a model-free drafter (suffix, n-gram) for its guess on each plain
+    # step and count whether the target emitted it as a one-token step's acceptance
+    # (StepPlan.shadow): alpha keeps moving while nothing is verified, so a dip of a
+    # bursty drafter does not hold K at 0 until probes, 32 tokens apart, undo it.
+    shadow: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_k <= MAX_K or not 1 <= self.initial_k <= self.max_k:
@@ -275,7 +280,7 @@ class CostK:
         probing = self.k == 0 and self.plain_tokens >= cfg.probe_every
         deepening = 0 < self.k < cfg.max_k and self.since_deepened >= cfg.deepen_every
         k = 1 if probing else self.k + 1 if deepening else self.k
-        return StepPlan(k, self._group_table(k), self._reason())
+        return StepPlan(k, self._group_table(k), self._reason(), shadow=cfg.shadow and k == 0)
 
     def observe(self, record: StepRecord) -> None:
         self._table = None
@@ -288,14 +293,13 @@ class CostK:
         if record.num_draft_tokens == 0:
             if record.k == 0:
                 self.plain_tokens += len(record.emitted)
+            if record.shadow_hit is not None:  # a checked guess: a one-token step's evidence
+                self._count_kept(int(record.shadow_hit), 1)
+                self.draft_token_time = ewma(self.draft_token_time, record.draft_time, w)
+                if self.speculative_steps >= cfg.warmup_steps:
+                    self._decide()
             return
-        rejected = 1 if record.accepted < record.positions else 0
-        self.accepted = (1.0 - w) * self.accepted + w * record.accepted
-        self.tested = (1.0 - w) * self.tested + w * (record.accepted + rejected)
-        for j in range(min(record.accepted + rejected, MAX_K)):  # the positions reached
-            self.reached[j] = (1.0 - w) * self.reached[j] + w
-            self.kept[j] = (1.0 - w) * self.kept[j] + (w if j < record.accepted else 0.0)
-            self.reaches[j] += 1
+        self._count_kept(record.accepted, record.positions)
         deepened = 0 < self.k < record.k
         self.since_deepened = 0 if deepened else self.since_deepened + 1
         per_token = record.draft_time / record.num_draft_tokens
@@ -305,6 +309,17 @@ class CostK:
             self.plain_tokens = 0  # that was a probe
         if self.speculative_steps >= cfg.warmup_steps:
             self._decide()
+
+    def _count_kept(self, accepted: int, positions: int) -> None:
+        """One step's acceptance evidence: ``accepted`` of ``positions`` draft tokens kept."""
+        w = self.config.smoothing
+        rejected = 1 if accepted < positions else 0
+        self.accepted = (1.0 - w) * self.accepted + w * accepted
+        self.tested = (1.0 - w) * self.tested + w * (accepted + rejected)
+        for j in range(min(accepted + rejected, MAX_K)):  # the positions reached
+            self.reached[j] = (1.0 - w) * self.reached[j] + w
+            self.kept[j] = (1.0 - w) * self.kept[j] + (w if j < accepted else 0.0)
+            self.reaches[j] += 1
 
     def _curve(self) -> CostCurve | None:
         return self.learned.curve(self.config.max_k + 1)

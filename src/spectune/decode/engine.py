@@ -28,7 +28,7 @@ from spectune.control.base import FixedK, KPolicy
 from spectune.decode.sequence import SequenceState, Step
 from spectune.decode.step import request_generator
 from spectune.draft import Draft, Refusal, tree_layout
-from spectune.drafters.base import Drafter, TargetFeatures
+from spectune.drafters.base import Drafter, TargetFeatures, model_free, shadow_guess
 from spectune.errors import InvalidParameterError
 from spectune.models.base import KVCache, LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
@@ -157,6 +157,10 @@ class SpeculativeEngine:
                 except Exception as exc:  # any drafter failure falls back to plain decoding
                     proposal = Refusal.error(exc)
                 seq.accept(step, proposal)
+                step.draft_time = time.perf_counter() - draft_start
+            elif step.plan.shadow and drafter is not None and model_free(drafter):
+                draft_start = time.perf_counter()
+                step.shadow_token = shadow_guess(drafter, seq.context, params, generator)
                 step.draft_time = time.perf_counter() - draft_start
 
             # 4-5. Target passes over the pending token and the draft (one, or one per

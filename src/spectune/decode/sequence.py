@@ -58,6 +58,7 @@ class Step:
     draft_time: float = 0.0
     target_time: float = 0.0
     verify_peak_bytes: int | None = None  # spectune.models.devices.VerifyMemory's figure
+    shadow_token: int | None = None  # a plain step's shadow guess (StepPlan.shadow)
 
 
 @dataclass
@@ -181,6 +182,11 @@ class SequenceState:
             verify_groups=step.verify_groups,
             tree_depth=step.draft.depth,
             verify_peak_bytes=step.verify_peak_bytes,
+            shadow_hit=(
+                None
+                if step.shadow_token is None or not result.tokens
+                else result.tokens[0] == step.shadow_token
+            ),
         )
         self.policy.observe(record)
         self.index += 1

@@ -38,6 +38,7 @@ __all__ = [
     "DraftSession",
     "DraftSource",
     "Drafter",
+    "ModelFree",
     "OneRow",
     "RowDrafter",
     "SequenceScorer",
@@ -46,7 +47,9 @@ __all__ = [
     "TreeSource",
     "describe",
     "fresh_drafter",
+    "model_free",
     "propose_ready",
+    "shadow_guess",
 ]
 
 
@@ -101,6 +104,37 @@ class Renewable(Protocol):
     index), its own empty per-request state."""
 
     def fresh(self) -> Drafter: ...
+
+
+@runtime_checkable
+class ModelFree(Protocol):
+    """Optional: a drafter that runs no model (a lookup: n-gram, suffix), whose drafts are
+    one-hot and cost about nothing to ask for. A policy may have its one-token guess
+    checked on plain steps (``StepPlan.shadow``)."""
+
+    model_free: bool
+
+
+def model_free(drafter: Drafter) -> bool:
+    """Whether ``drafter`` runs no model (``ModelFree``)."""
+    return isinstance(drafter, ModelFree) and drafter.model_free
+
+
+def shadow_guess(
+    drafter: Drafter,
+    context: Sequence[int],
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> int | None:
+    """A model-free drafter's one-token guess for a plain step (``StepPlan.shadow``);
+    None where it has none, or where it fails (a guess is only evidence: never an error)."""
+    try:
+        draft = drafter.propose(context, 1, params, generator)
+    except Exception:  # noqa: BLE001 - the step is plain either way
+        return None
+    if draft.probs is not None or draft.parents is not None or len(draft) == 0:
+        return None
+    return int(draft.tokens[0])
 
 
 def fresh_drafter(drafter: Drafter) -> Drafter:

@@ -27,6 +27,7 @@ class NgramDrafter:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.name = "ngram"
+        self.model_free = True  # a lookup: plain steps may check its guesses (ModelFree)
 
     def fresh(self) -> NgramDrafter:
         """A copy with the same n-gram sizes (it keeps no state anyway)."""

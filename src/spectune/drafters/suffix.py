@@ -235,6 +235,7 @@ class SuffixDrafter:
         self.history = history
         self.settings = settings or SuffixSettings()
         self.name = name
+        self.model_free = True  # a lookup: plain steps may check its guesses (ModelFree)
         self.last: SuffixProposal = NO_PROPOSAL  # the latest proposal (hybrid drafting reads it)
         self._filer: weakref.finalize[[HistoryStore, _Request], SuffixDrafter] | None = None
         self._request = self._new_request()

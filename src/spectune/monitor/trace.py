@@ -9,7 +9,8 @@ One JSON object per line, told apart by ``event``:
 - ``step``     one per engine step: every ``StepRecord`` field (``emitted`` as a list of
                token ids; ``num_draft_tokens``, named ``drafted`` in traces written before
                2026-12, which the reader still takes; ``verify_peak_bytes``, the
-               verification's peak memory, see ``spectune.models.devices.VerifyMemory``),
+               verification's peak memory, see ``spectune.models.devices.VerifyMemory``;
+               ``shadow_hit``, a plain step's checked guess, see ``StepPlan.shadow``),
                ``overhead_time``, ``fallback_kind``
                (the reason's kind, see ``spectune.monitor.stats``), and ``policy``: the
                policy's state after it observed the step (K it will ask next, window
@@ -152,7 +153,15 @@ def _record(event: dict[str, Any]) -> StepRecord:
         verify_groups=_groups(event.get("verify_groups", 1)),  # absent in older traces
         tree_depth=_count(event.get("tree_depth"), "tree_depth"),
         verify_peak_bytes=_count(event.get("verify_peak_bytes"), "verify_peak_bytes"),
+        shadow_hit=_flag(event.get("shadow_hit"), "shadow_hit"),
     )
+
+
+def _flag(value: Any, name: str) -> bool | None:
+    """An optional boolean field (absent in older traces)."""
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{name} must be true, false or null")
+    return value
 
 
 def _count(value: Any, name: str) -> int | None:
