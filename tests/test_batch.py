@@ -21,6 +21,7 @@ from spectune.models.llama import LlamaLM
 from spectune.models.toy import perturbed, toy_config, toy_model
 from spectune.records import StepRecord
 from spectune.sampling import SamplingParams
+from test_engine import ShadowOnly
 
 PROMPTS = {
     "a": [1, 5, 9, 13, 7],
@@ -400,3 +401,25 @@ def test_both_step_engines_share_one_add_contract(toy_target: LlamaLM, kind: str
     engine.cancel("x")
     with pytest.raises(PromptError):
         engine.add("z", [], params)
+
+
+def test_batched_plain_steps_check_a_model_free_drafters_guess(endless: LlamaLM) -> None:
+    """The batched engine asks a model-free session for the guesses of its plain steps
+    that want them (StepPlan.shadow), in the draft pass: the same evidence as one
+    sequence alone, and the same output."""
+    params = SamplingParams(max_tokens=24)
+    engine = BatchEngine(
+        endless,
+        PerRow(NgramDrafter),
+        max_batch=3,
+        capacity=256,
+        policy_factory=lambda p: ShadowOnly(),
+    )
+    got = run_batch(engine, {rid: (p, params) for rid, p in PROMPTS.items()})
+    for rid, prompt in PROMPTS.items():
+        single = list(
+            SpeculativeEngine(endless, NgramDrafter()).generate(prompt, params, policy=ShadowOnly())
+        )
+        assert tokens_of(got[rid]) == tokens_of(single)
+        assert [r.shadow_hit for r in got[rid]] == [r.shadow_hit for r in single]
+    assert any(r.shadow_hit is not None for records in got.values() for r in records)

@@ -42,8 +42,8 @@ class StepPlan:
     checked against the token the target emits (``StepRecord.shadow_hit``): acceptance
     evidence that costs a lookup, not a verification. A one-hot guess d is kept by
     verification with probability p_target(d), the chance that the target emits d, so
-    the evidence is unbiased at any temperature. The single-sequence engine acts on it
-    (``generate``, ``bench``, the experiments); the batched engine (``serve``) does not.
+    the evidence is unbiased at any temperature. Both engines act on it: the batched one
+    asks for the guesses in its draft pass.
     """
 
     k: int  # draft tokens to propose (0: a plain step)

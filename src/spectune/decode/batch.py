@@ -61,7 +61,14 @@ from spectune.decode.step import (
     request_generator,
 )
 from spectune.draft import Draft, Refusal, RefusalKind, chain_parents, tree_layout
-from spectune.drafters.base import DraftRequest, DraftSession, DraftSource, TargetFeatures
+from spectune.drafters.base import (
+    DraftRequest,
+    DraftSession,
+    DraftSource,
+    TargetFeatures,
+    guessed_token,
+    model_free,
+)
 from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
@@ -290,10 +297,13 @@ class BatchEngine:
         steps = [seq.plan(drafting=drafter is not None, start=step_start) for seq in seqs]
 
         # 2. Draft: one batched pass per draft step; a failure falls back for its sequence.
+        #    A model-free drafter also guesses one token for the plain steps that ask for it
+        #    (StepPlan.shadow), in the same pass: checked against the emitted token in 4.
+        guess = drafter is not None and model_free(drafter)
         requests = [
-            DraftRequest(seq.row, seq.context, step.k, seq.params, seq.generator)
+            DraftRequest(seq.row, seq.context, step.k or 1, seq.params, seq.generator)
             for seq, step in zip(seqs, steps, strict=True)
-            if step.k > 0
+            if step.k > 0 or (guess and step.plan.shadow and not seq.drafter_failure)
         ]
         draft_time = 0.0
         if requests and drafter is not None:
@@ -310,7 +320,10 @@ class BatchEngine:
             except Exception as exc:  # the whole pass failed: its sequences decode plainly
                 proposed = [Refusal.error(exc)] * len(requests)
             for req, proposal in zip(requests, proposed, strict=True):
-                seqs[req.row].accept(steps[req.row], proposal)
+                if steps[req.row].k == 0:  # a shadow guess: evidence only
+                    steps[req.row].shadow_token = guessed_token(proposal)
+                else:
+                    seqs[req.row].accept(steps[req.row], proposal)
             draft_time = time.perf_counter() - draft_start
 
         # 3. One target pass over [rows, 1 + longest draft], padded after each row's tokens.

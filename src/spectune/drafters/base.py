@@ -47,6 +47,7 @@ __all__ = [
     "TreeSource",
     "describe",
     "fresh_drafter",
+    "guessed_token",
     "model_free",
     "propose_ready",
     "shadow_guess",
@@ -115,8 +116,8 @@ class ModelFree(Protocol):
     model_free: bool
 
 
-def model_free(drafter: Drafter) -> bool:
-    """Whether ``drafter`` runs no model (``ModelFree``)."""
+def model_free(drafter: object) -> bool:
+    """Whether ``drafter`` (a drafter or a batch's draft session) runs no model (``ModelFree``)."""
     return isinstance(drafter, ModelFree) and drafter.model_free
 
 
@@ -129,12 +130,16 @@ def shadow_guess(
     """A model-free drafter's one-token guess for a plain step (``StepPlan.shadow``);
     None where it has none, or where it fails (a guess is only evidence: never an error)."""
     try:
-        draft = drafter.propose(context, 1, params, generator)
+        return guessed_token(drafter.propose(context, 1, params, generator))
     except Exception:  # noqa: BLE001 - the step is plain either way
         return None
-    if draft.probs is not None or draft.parents is not None or len(draft) == 0:
+
+
+def guessed_token(answer: Draft | Refusal) -> int | None:
+    """The first token of a one-hot chain draft (a shadow guess); None for anything else."""
+    if isinstance(answer, Refusal) or answer.probs is not None or answer.parents is not None:
         return None
-    return int(draft.tokens[0])
+    return int(answer.tokens[0]) if len(answer) else None
 
 
 def fresh_drafter(drafter: Drafter) -> Drafter:

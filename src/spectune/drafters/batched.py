@@ -13,7 +13,14 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from spectune.draft import Draft, Refusal
-from spectune.drafters.base import Drafter, DraftRequest, DraftSource, TargetFeatures, fresh_drafter
+from spectune.drafters.base import (
+    Drafter,
+    DraftRequest,
+    DraftSource,
+    TargetFeatures,
+    fresh_drafter,
+    model_free,
+)
 
 __all__ = ["PerRow", "PerSequenceDrafters", "batch_source"]
 
@@ -24,20 +31,25 @@ class PerRow:
 
     def __init__(self, factory: Callable[[], Drafter]) -> None:
         self.factory = factory
-        self.name = factory().name
+        sample = factory()
+        self.name = sample.name
+        self.model_free = model_free(sample)  # ModelFree: the engine may check its guesses
 
     def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> PerSequenceDrafters:
         """Rows of per-sequence drafters (they hold contexts of any length)."""
-        return PerSequenceDrafters(self.factory, rows, self.name)
+        return PerSequenceDrafters(self.factory, rows, self.name, model_free=self.model_free)
 
 
 class PerSequenceDrafters:
     """One ``Drafter`` per sequence, made by ``factory``; failures stay per sequence."""
 
-    def __init__(self, factory: Callable[[], Drafter], max_batch: int, name: str) -> None:
+    def __init__(
+        self, factory: Callable[[], Drafter], max_batch: int, name: str, *, model_free: bool
+    ) -> None:
         self.factory = factory
         self.drafters: list[Drafter | None] = [None] * max_batch
         self.name = name
+        self.model_free = model_free
 
     def add(self, row: int, prompt: Sequence[int], features: TargetFeatures | None) -> None:
         drafter = self.factory()
