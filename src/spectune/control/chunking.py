@@ -6,15 +6,29 @@ holds the part a K policy needs to choose them (``CostK`` and the fallback check
 
 from __future__ import annotations
 
+import functools
+
 from spectune.control.costs import CostCurve
 from spectune.errors import InvalidParameterError
 
-__all__ = ["best_groups", "chunked_pays", "expected_chunked_cost", "group_bounds"]
+__all__ = [
+    "best_groups",
+    "cheapest",
+    "chunked_costs",
+    "chunked_pays",
+    "expected_chunked_cost",
+    "group_bounds",
+]
 
 
 def group_bounds(k: int, groups: int) -> list[int]:
     """End index (exclusive, over the k draft tokens) of each group; sizes differ by <= 1,
     the smaller groups first (an early rejection then wastes the least)."""
+    return list(_group_bounds(k, groups))
+
+
+@functools.cache  # a K decision asks for the same few dozen layouts every step
+def _group_bounds(k: int, groups: int) -> tuple[int, ...]:
     if groups < 1:
         raise InvalidParameterError(f"verification groups must be >= 1, got {groups}")
     groups = max(1, min(groups, k))
@@ -24,7 +38,7 @@ def group_bounds(k: int, groups: int) -> list[int]:
     for size in sizes:
         end += size
         bounds.append(end)
-    return bounds
+    return tuple(bounds)
 
 
 def expected_chunked_cost(curve: CostCurve, alpha: float, k: int, groups: int) -> float:
@@ -37,12 +51,12 @@ def expected_chunked_cost(curve: CostCurve, alpha: float, k: int, groups: int) -
     if k == 0:
         return 1.0
     cost, start = 0.0, 0
-    bounds = group_bounds(k, groups)
+    bounds = _group_bounds(k, groups)
     for j, end in enumerate(bounds):
         tokens = end - start + (1 if j == len(bounds) - 1 else 0)  # the last adds the bonus row
-        cost += alpha**start * curve.time(tokens) / curve.seconds[0]
+        cost += alpha**start * curve.time(tokens)
         start = end
-    return cost
+    return cost / curve.seconds[0]
 
 
 def chunked_pays(curve: CostCurve, alpha: float, k: int, groups: int) -> bool:
@@ -53,7 +67,16 @@ def chunked_pays(curve: CostCurve, alpha: float, k: int, groups: int) -> bool:
     return expected_chunked_cost(curve, alpha, k, groups) < curve.relative(k)
 
 
+def chunked_costs(curve: CostCurve, alpha: float, k: int, max_groups: int) -> list[float]:
+    """``expected_chunked_cost`` for 1..max_groups groups (entry m - 1: m groups)."""
+    return [expected_chunked_cost(curve, alpha, k, m) for m in range(1, max(1, max_groups) + 1)]
+
+
 def best_groups(curve: CostCurve, alpha: float, k: int, *, max_groups: int = 4) -> int:
     """The number of groups in [1, max_groups] with the lowest expected cost."""
-    costs = {m: expected_chunked_cost(curve, alpha, k, m) for m in range(1, max(1, max_groups) + 1)}
-    return min(costs, key=lambda m: (costs[m], m))
+    return cheapest(chunked_costs(curve, alpha, k, max_groups))
+
+
+def cheapest(costs: list[float]) -> int:
+    """The group count (1-based) of the lowest of ``chunked_costs`` (ties: fewer groups)."""
+    return min(range(1, len(costs) + 1), key=lambda m: (costs[m - 1], m))

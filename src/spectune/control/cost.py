@@ -64,7 +64,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spectune.control.base import PolicyState, StepPlan
-from spectune.control.chunking import best_groups, expected_chunked_cost
+from spectune.control.chunking import cheapest, chunked_costs
 from spectune.control.costs import CostCurve, ewma, predicted_speedup
 from spectune.errors import InvalidParameterError
 from spectune.records import MAX_K, StepRecord
@@ -217,7 +217,7 @@ class CostK:
         self.predicted: float | None = None  # S(K) of the current K at the last decision
         # Groups by draft length 0..max_k from the current estimates (``_group_table``);
         # None until asked. Every observation moves the estimates and clears it.
-        self._table: tuple[int, ...] | None = None
+        self._table: tuple[tuple[int, ...], tuple[float, ...]] | None = None
 
     def _opening_k(self) -> int:
         """K for the warm-up steps: ``initial_k``, or with a curve known up front the K in
@@ -324,36 +324,39 @@ class CostK:
     def _curve(self) -> CostCurve | None:
         return self.learned.curve(self.config.max_k + 1)
 
-    def _groups(self, alpha: float, curve: CostCurve, k: int) -> int:
-        """The verification groups for k draft tokens: the cheapest expected, if it beats
-        one pass by the margin; else 1."""
+    def _groups(self, alpha: float, curve: CostCurve, k: int) -> tuple[int, float]:
+        """The verification groups for k draft tokens, and their expected cost in one-token
+        forwards: the cheapest grouping, if it beats one pass by the margin; else one pass."""
         cfg = self.config
         if cfg.max_verify_groups <= 1 or k < 2:
-            return 1
-        groups = best_groups(curve, alpha, k, max_groups=cfg.max_verify_groups)
-        one_pass = curve.relative(k)
-        chunked = expected_chunked_cost(curve, alpha, k, groups)
-        return groups if chunked * (1.0 + cfg.margin) < one_pass else 1
+            return 1, curve.relative(k) if k else 1.0
+        costs = chunked_costs(curve, alpha, k, cfg.max_verify_groups)  # [0]: one pass
+        groups = cheapest(costs)
+        return (
+            (groups, costs[groups - 1])
+            if costs[groups - 1] * (1.0 + cfg.margin) < costs[0]
+            else (1, costs[0])
+        )
 
-    def _groups_by_length(self, alpha: float, curve: CostCurve | None = None) -> tuple[int, ...]:
+    def _groups_by_length(
+        self, alpha: float, curve: CostCurve | None = None
+    ) -> tuple[tuple[int, ...], tuple[float, ...]]:
         """``_groups`` for every draft length 0..max_k, computed once per observation (the
-        decision and the plan share it: both read the same alpha and curve). ``curve``:
-        the current curve, when the caller has built it already."""
+        decision and the plan share it: both read the same alpha and curve): the groups
+        and the expected verification costs. ``curve``: the current curve, when the caller
+        has built it already."""
         if self._table is None:
             curve = curve or self._curve()
             assert curve is not None  # callers check that there is one
-            lengths = range(self.config.max_k + 1)
-            self._table = tuple(self._groups(alpha, curve, n) for n in lengths)
+            pairs = [self._groups(alpha, curve, n) for n in range(self.config.max_k + 1)]
+            self._table = (tuple(g for g, _ in pairs), tuple(c for _, c in pairs))
         return self._table
 
-    def _speedup(
-        self, alpha: float, cost: float, curve: CostCurve, k: int, groups: int, expected: float
-    ) -> float:
-        """S(k) with k draft tokens verified in ``groups`` groups (1: one pass), ``expected``
-        of them kept (E(k))."""
+    def _speedup(self, cost: float, k: int, verify: float, expected: float) -> float:
+        """S(k) with k draft tokens whose verification costs ``verify`` one-token forwards
+        (chunked or not), ``expected`` of them kept (E(k))."""
         if k == 0:
             return 1.0
-        verify = expected_chunked_cost(curve, alpha, k, groups)
         return (1.0 + expected) / (k * cost + verify)
 
     def _group_table(self, k: int) -> tuple[int, ...] | None:
@@ -365,20 +368,17 @@ class CostK:
             return None
         if k < 2 or cfg.max_verify_groups <= 1:
             return (1,) * (k + 1)  # what _groups gives, without building the curve
-        return self._groups_by_length(alpha)[: k + 1]
+        return self._groups_by_length(alpha)[0][: k + 1]
 
     def _decide(self) -> None:
         alpha, cost = self.alpha, self.draft_cost
         curve = self._curve()
         if alpha is None or cost is None or curve is None:
             return
-        groups = self._groups_by_length(alpha, curve)
+        _, verify = self._groups_by_length(alpha, curve)
         max_k = self.config.max_k
         expected = self._expected_by_length(max_k)
-        speedups = {
-            k: self._speedup(alpha, cost, curve, k, groups[k], expected[k])
-            for k in range(max_k + 1)
-        }
+        speedups = {k: self._speedup(cost, k, verify[k], expected[k]) for k in range(max_k + 1)}
         best_k = max(speedups, key=lambda k: (speedups[k], -k))
         best, current = speedups[best_k], speedups[self.k]
         if best_k != self.k and best > current * (1.0 + self.config.margin):

@@ -15,6 +15,7 @@ Costs are measured on the machine at hand, never assumed: a forward over 8 token
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Sequence
@@ -42,9 +43,17 @@ class CostCurve:
     sizes: tuple[int, ...]  # chunk lengths measured, ascending, starting at 1
     seconds: tuple[float, ...]
 
+    @functools.cached_property
+    def _dense(self) -> int:
+        """n where ``sizes`` is exactly 1..n (a learned curve), else 0: ``time`` is then a
+        lookup (a K decision reads it a few hundred times)."""
+        return len(self.sizes) if self.sizes == tuple(range(1, len(self.sizes) + 1)) else 0
+
     def time(self, tokens: int) -> float:
         """Seconds for a forward over ``tokens``, linearly interpolated between measurements."""
         sizes, secs = self.sizes, self.seconds
+        if 1 <= tokens <= self._dense:
+            return secs[tokens - 1]
         if tokens <= sizes[0]:
             return secs[0]
         for i in range(1, len(sizes)):
