@@ -189,10 +189,7 @@ def _scan_chain(
     limit: int,
 ) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     length, ends = _scan(tokens, tail, max_depth, stop)
-    if length == 0 or caps[length] == 0:
-        return length, np.empty(0, np.int64), np.empty(0, np.float64)
-    found, probs = _chain(tokens, _thin(ends, limit), caps[length], min_prob)
-    return length, found, probs
+    return _continued(tokens, length, ends, caps, min_prob, limit)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -208,9 +205,22 @@ def _index_chain(
 ) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     bounds = np.zeros((min(max_depth, tail.shape[0]) + 1, 2), np.int64)
     length = _narrow(tokens, order, first, tail, bounds)
+    ends = order[bounds[length, 0] : bounds[length, 1]].astype(np.int64)
+    return _continued(tokens, length, ends, caps, min_prob, limit)
+
+
+@numba.njit(nogil=True, cache=True)
+def _continued(
+    tokens: npt.NDArray[np.int32],
+    length: int,  # the matched length (0: none)
+    ends: npt.NDArray[np.int64],  # [o] its occurrences
+    caps: npt.NDArray[np.int64],
+    min_prob: float,
+    limit: int,
+) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """A match's chain proposal: its occurrences thinned, continued up to its cap."""
     if length == 0 or caps[length] == 0:
         return length, np.empty(0, np.int64), np.empty(0, np.float64)
-    ends = order[bounds[length, 0] : bounds[length, 1]].astype(np.int64)
     found, probs = _chain(tokens, _thin(ends, limit), caps[length], min_prob)
     return length, found, probs
 
