@@ -10,11 +10,12 @@ searched in two parts:
   seen only in those falls back to its longest shorter suffix still held);
 - a scan over the outputs added since, a short stream.
 
-It re-indexes when the part added since, or the part evicted since, exceeds a quarter of
-the indexed part (and at least ``REINDEX_MIN_TOKENS``): each re-index costs about 0.3 us
-per token held (76 ms for a full store), and happens once per quarter of the store's
-turnover, so filing an output costs about a microsecond per token on average. Where both
-parts match the tail equally far, the part where it occurred more often continues it.
+It re-indexes when the part added since exceeds a quarter of the indexed part or
+``REINDEX_MAX_SCAN`` tokens, or the part evicted since exceeds a quarter (and either at
+least ``REINDEX_MIN_TOKENS``): each re-index costs about 0.3 us per token held (76 ms for a
+full store), so filing an output costs about 5 us per token on average (a token takes
+10-50 ms to generate), and no lookup scans more than 16k tokens. Where both parts match
+the tail equally far, the part where it occurred more often continues it.
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ from spectune.drafters.suffix_index import (
 )
 from spectune.errors import InvalidParameterError
 
-__all__ = ["REINDEX_MIN_TOKENS", "HistoryStore"]
+__all__ = ["REINDEX_MAX_SCAN", "REINDEX_MIN_TOKENS", "HistoryStore"]
 
 REINDEX_MIN_TOKENS = 4096  # below this the newest outputs are only scanned
+REINDEX_MAX_SCAN = 16_384  # the newest outputs scanned on a lookup, at most
 
 
 class _Indexed:
-    """The indexed part: the index, each output's key and first position in its stream,
-    and whether it is still held."""
+    """The indexed part: the index, each output's key and place in its stream, and which
+    stream positions belong to outputs still held."""
 
     def __init__(self, docs: OrderedDict[int, TokenArray], max_depth: int) -> None:
         arrays = list(docs.values())
@@ -54,27 +56,29 @@ class _Indexed:
             target="server history",
             max_depth=max_depth,
         )
-        self.slot = {key: i for i, key in enumerate(docs)}
-        lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+        lengths = [len(a) for a in arrays]
         # join_documents: max_depth SEPs, then each output followed by one SEP
-        self.starts = max_depth + np.concatenate(([0], np.cumsum(lengths + 1)[:-1]))
-        self.lengths = lengths
-        self.held = np.ones(len(arrays), dtype=bool)
-        self.tokens = int(lengths.sum())
+        starts = max_depth + np.concatenate(([0], np.cumsum(np.add(lengths, 1))[:-1]))
+        self.place = {key: (int(s), n) for key, s, n in zip(docs, starts, lengths, strict=True)}
+        self.live = np.ones(len(self.index.tokens), dtype=bool)  # [stream] held positions
+        self.all_live = True
+        self.tokens = int(sum(lengths))
 
     def drop(self, key: int) -> int:
         """Mark an output as gone; the number of its tokens (0 if it is not indexed here)."""
-        slot = self.slot.pop(key, None)
-        if slot is None:
+        place = self.place.pop(key, None)
+        if place is None:
             return 0
-        self.held[slot] = False
-        return int(self.lengths[slot])
+        start, length = place
+        self.live[start : start + length] = False
+        self.all_live = False
+        return length
 
     def find(self, tail: Document) -> Match | None:
         """The longest suffix of ``tail`` with an occurrence in an output still held."""
         for length, ends in self.index.matches(tail):
-            if not self.held.all():  # skip outputs evicted or replaced since
-                ends = ends[self.held[np.searchsorted(self.starts, ends, "right") - 1]]
+            if not self.all_live:  # skip outputs evicted or replaced since
+                ends = ends[self.live[ends]]
             if ends.size:
                 return Match(length, thin(ends), self.index.tokens)
         return None
@@ -164,8 +168,9 @@ class HistoryStore:
 
     def _maybe_reindex(self) -> None:
         indexed_size = 0 if self._indexed is None else self._indexed.tokens
-        limit = max(REINDEX_MIN_TOKENS, indexed_size // 4)
-        if self._recent_size <= limit and self._dropped <= limit:
+        quarter = max(REINDEX_MIN_TOKENS, indexed_size // 4)
+        scan_limit = max(REINDEX_MIN_TOKENS, min(indexed_size // 4, REINDEX_MAX_SCAN))
+        if self._recent_size <= scan_limit and self._dropped <= quarter:
             return
         self._indexed = _Indexed(self._docs, self.max_depth)
         self._dropped = 0
