@@ -214,7 +214,7 @@ def test_compiled_chain_lookups_equal_match_then_continuation() -> None:
                 ),
             ):
                 want = propose_from(match, k, settings, source)
-                length, tokens, probs = chain
+                length, tokens, probs, _ = chain
                 assert tokens == want.tokens, (trial, source)
                 assert probs == pytest.approx(want.probs)
                 if tokens:
@@ -243,6 +243,12 @@ def test_history_index_agrees_with_the_outputs_held(monkeypatch: pytest.MonkeyPa
         match = history.find(tail, 6)
         want = brute_force_longest(docs, tail, 6)
         assert (match.length if match else 0) == want, (key, tail)
+        # the drafter's one-call chain lookup picks the same match and continues it alike
+        settings = SuffixSettings(max_depth=6, min_prob=0.1)
+        chain = history.chain(np.asarray(tail, dtype=np.int32), 6, settings.caps(3), 0.1)
+        expected = propose_from(match, 3, settings, "history")
+        assert (chain[0] if chain else 0) == want
+        assert (chain[1] if chain else []) == expected.tokens
         if match is None:
             continue
         for end in match.ends.tolist():  # every occurrence is in an output still held

@@ -166,9 +166,11 @@ def propose_from(
     return SuffixProposal(tokens, probs, match.length, source) if tokens else NO_PROPOSAL
 
 
-def _chain_proposal(chain: suffix_kernels.Chain, source: str) -> SuffixProposal:
+def _chain_proposal(chain: suffix_kernels.Chain | None, source: str) -> SuffixProposal:
     """A compiled chain lookup as a proposal (``propose_from`` for chains)."""
-    length, tokens, probs = chain
+    if chain is None:
+        return NO_PROPOSAL
+    length, tokens, probs, _ = chain
     return SuffixProposal(tokens, probs, length, source) if tokens else NO_PROPOSAL
 
 
@@ -327,7 +329,10 @@ class SuffixDrafter:
                 candidates.append(
                     _chain_proposal(self.index.chain(tail, caps, settings.min_prob), "corpus")
                 )
-        if self.history is not None:
+            if self.history is not None:
+                history = self.history.chain(tail, depth, caps, settings.min_prob)
+                candidates.append(_chain_proposal(history, "history"))
+        if self.history is not None and settings.tree:
             candidates.append(
                 propose_from(self.history.find(tail, depth), num_tokens, settings, "history")
             )

@@ -24,9 +24,12 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
+import numpy.typing as npt
 
+from spectune.drafters import suffix_kernels
 from spectune.drafters.suffix_index import (
     DEFAULT_MAX_DEPTH,
+    MAX_OCCURRENCES,
     Document,
     Match,
     SuffixIndex,
@@ -73,6 +76,12 @@ class _Indexed:
         self.live[start : start + length] = False
         self.all_live = False
         return length
+
+    def chain(
+        self, tail: TokenArray, caps: npt.NDArray[np.int64], min_prob: float
+    ) -> suffix_kernels.Chain:
+        """``find`` then ``continuation`` in one compiled call (``SuffixIndex.chain``)."""
+        return self.index.chain(tail, caps, min_prob, None if self.all_live else self.live)
 
     def find(self, tail: Document) -> Match | None:
         """The longest suffix of ``tail`` with an occurrence in an output still held."""
@@ -152,19 +161,43 @@ class HistoryStore:
         """The longest suffix of ``tail`` (at most ``max_depth`` tokens, and at most the
         store's own ``max_depth``) among the outputs held."""
         depth = min(max_depth, self.max_depth)
-        with self._lock:
-            if not self._docs:
-                return None
-            self._maybe_reindex()
-            indexed = self._indexed
-            if self._recent_stream is None and self._recent:
-                self._recent_stream = join_documents(self._recent.values(), front_pad=1)
-            recent = self._recent_stream  # replaced on change, never changed in place
+        indexed, recent = self._parts()
         old = None if indexed is None else indexed.find(tail[-depth:])
         new = None if recent is None else scan_matches(recent, tail, depth)
         if old is None or new is None:
             return old or new
         return max(new, old, key=lambda m: (m.length, m.ends.size))
+
+    def chain(
+        self, tail: TokenArray, max_depth: int, caps: npt.NDArray[np.int64], min_prob: float
+    ) -> suffix_kernels.Chain | None:
+        """``find`` then ``continuation`` (``caps``: tokens allowed per matched length), in
+        one compiled call per part; the same match ``find`` picks. None: no match."""
+        depth = min(max_depth, self.max_depth)
+        indexed, recent = self._parts()
+        old = None if indexed is None else indexed.chain(tail[-depth:], caps, min_prob)
+        new = (
+            None
+            if recent is None
+            else suffix_kernels.scan_chain(
+                recent, tail, depth, len(recent) - 1, caps, min_prob, MAX_OCCURRENCES
+            )
+        )
+        found = [chain for chain in (new, old) if chain is not None and chain[0] > 0]
+        # as in find: the longer match, then the one seen more often, then the newer part
+        return max(found, key=lambda c: (c[0], c[3])) if found else None
+
+    def _parts(self) -> tuple[_Indexed | None, TokenArray | None]:
+        """The indexed part and the newest outputs' stream, after any re-index due."""
+        with self._lock:
+            if not self._docs:
+                return None, None
+            self._maybe_reindex()
+            if self._recent_stream is None and self._recent:
+                self._recent_stream = join_documents(self._recent.values(), front_pad=1)
+            # Both are replaced on change; only the index's live mask changes in place, and
+            # only by losing positions (a lookup racing an eviction may still count it).
+            return self._indexed, self._recent_stream
 
     def _maybe_reindex(self) -> None:
         indexed_size = 0 if self._indexed is None else self._indexed.tokens

@@ -299,10 +299,15 @@ class SuffixIndex:
         return None
 
     def chain(
-        self, tail: TokenArray, caps: npt.NDArray[np.int64], min_prob: float
+        self,
+        tail: TokenArray,
+        caps: npt.NDArray[np.int64],
+        min_prob: float,
+        live: npt.NDArray[np.bool_] | None = None,
     ) -> suffix_kernels.Chain:
         """``continuation(find(tail), caps[its length], min_prob)`` with its length, in
-        one compiled call (a suffix drafter's chain step)."""
+        one compiled call (a suffix drafter's chain step); ``live``: see
+        ``suffix_kernels.index_chain``."""
         return suffix_kernels.index_chain(
             self.tokens,
             self.order,
@@ -312,6 +317,7 @@ class SuffixIndex:
             caps,
             min_prob,
             MAX_OCCURRENCES,
+            live,
         )
 
     def matches(self, tail: Document) -> Iterator[tuple[int, IntArray]]:

@@ -187,7 +187,7 @@ def _scan_chain(
     caps: npt.NDArray[np.int64],  # [max_depth + 1] tokens allowed per matched length
     min_prob: float,
     limit: int,
-) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64], int]:
     length, ends = _scan(tokens, tail, max_depth, stop)
     return _continued(tokens, length, ends, caps, min_prob, limit)
 
@@ -202,10 +202,17 @@ def _index_chain(
     caps: npt.NDArray[np.int64],  # [max_depth + 1] tokens allowed per matched length
     min_prob: float,
     limit: int,
-) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    live: npt.NDArray[np.bool_],  # [n] positions that count, or [0]: all of them
+) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64], int]:
     bounds = np.zeros((min(max_depth, tail.shape[0]) + 1, 2), np.int64)
     length = _narrow(tokens, order, first, tail, bounds)
     ends = order[bounds[length, 0] : bounds[length, 1]].astype(np.int64)
+    while live.shape[0] and length > 0:  # the longest suffix with an occurrence that counts
+        ends = ends[live[ends]]
+        if ends.shape[0]:
+            break
+        length -= 1
+        ends = order[bounds[length, 0] : bounds[length, 1]].astype(np.int64)
     return _continued(tokens, length, ends, caps, min_prob, limit)
 
 
@@ -217,12 +224,16 @@ def _continued(
     caps: npt.NDArray[np.int64],
     min_prob: float,
     limit: int,
-) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """A match's chain proposal: its occurrences thinned, continued up to its cap."""
-    if length == 0 or caps[length] == 0:
-        return length, np.empty(0, np.int64), np.empty(0, np.float64)
-    found, probs = _chain(tokens, _thin(ends, limit), caps[length], min_prob)
-    return length, found, probs
+) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64], int]:
+    """A match's chain proposal: its occurrences thinned, continued up to its cap; with
+    the number of occurrences kept (at most ``limit``)."""
+    if length == 0:
+        return 0, np.empty(0, np.int64), np.empty(0, np.float64), 0
+    kept = _thin(ends, limit)
+    if caps[length] == 0:
+        return length, np.empty(0, np.int64), np.empty(0, np.float64), kept.shape[0]
+    found, probs = _chain(tokens, kept, caps[length], min_prob)
+    return length, found, probs, kept.shape[0]
 
 
 def scan(
@@ -276,6 +287,7 @@ def warm_up() -> None:
     caps = np.array([0, 1, 2], dtype=np.int64)
     scan_chain(stream, tail, 2, len(stream) - 1, caps, 0.0, 4)
     index_chain(stream, order, first, tail, 2, caps, 0.0, 4)
+    index_chain(stream, order, first, tail, 2, caps, 0.0, 4, np.ones(len(stream), np.bool_))
     thin(np.arange(9, dtype=np.int64), 4)
 
 
@@ -288,7 +300,8 @@ def thin(ends: npt.NDArray[np.int64], limit: int) -> npt.NDArray[np.int64]:
 # occurrences, continued up to ``caps[matched length]`` tokens (the proposal-length rule,
 # ``SuffixSettings.caps``). The same as ``continuation`` after ``scan`` or ``narrow``,
 # without the Python between them: each call right after a target forward costs 10-20 us.
-Chain = tuple[int, list[int], list[float]]  # (matched length, tokens, path probabilities)
+# (matched length, tokens, path probabilities, occurrences sampled: at most ``limit``)
+Chain = tuple[int, list[int], list[float], int]
 
 
 def scan_chain(
@@ -302,8 +315,8 @@ def scan_chain(
 ) -> Chain:
     """``scan`` then ``chain``, in one compiled call."""
     stop = min(stop, len(tokens) - 1)
-    length, found, probs = _scan_chain(tokens, tail, max_depth, stop, caps, min_prob, limit)
-    return int(length), found.tolist(), probs.tolist()
+    length, found, probs, seen = _scan_chain(tokens, tail, max_depth, stop, caps, min_prob, limit)
+    return int(length), found.tolist(), probs.tolist(), int(seen)
 
 
 def index_chain(
@@ -315,9 +328,15 @@ def index_chain(
     caps: npt.NDArray[np.int64],
     min_prob: float,
     limit: int,
+    live: npt.NDArray[np.bool_] | None = None,
 ) -> Chain:
-    """``narrow`` then ``chain``, in one compiled call."""
-    length, found, probs = _index_chain(
-        tokens, order, first, tail, max_depth, caps, min_prob, limit
+    """``narrow`` then ``chain``, in one compiled call; ``live`` ([n]): only occurrences
+    at live positions count (a server history's outputs still held)."""
+    mask = _ALL_LIVE if live is None else live
+    length, found, probs, seen = _index_chain(
+        tokens, order, first, tail, max_depth, caps, min_prob, limit, mask
     )
-    return int(length), found.tolist(), probs.tolist()
+    return int(length), found.tolist(), probs.tolist(), int(seen)
+
+
+_ALL_LIVE = np.zeros(0, dtype=np.bool_)
