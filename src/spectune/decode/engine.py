@@ -142,6 +142,7 @@ class SpeculativeEngine:
         if drafter is not None:
             drafter.reset()
             drafter.commit(seq.context, features)
+        guesser = drafter if drafter is not None and model_free(drafter) else None
 
         while True:
             # 2. How many tokens to draft (the policy's K, within max_tokens and the context).
@@ -158,9 +159,9 @@ class SpeculativeEngine:
                     proposal = Refusal.error(exc)
                 seq.accept(step, proposal)
                 step.draft_time = time.perf_counter() - draft_start
-            elif step.plan.shadow and drafter is not None and model_free(drafter):
+            elif step.plan.shadow and guesser is not None:  # a plain step's checked guess
                 draft_start = time.perf_counter()
-                step.shadow_token = shadow_guess(drafter, seq.context, params, generator)
+                step.shadow_token = shadow_guess(guesser, seq.context, params, generator)
                 step.draft_time = time.perf_counter() - draft_start
 
             # 4-5. Target passes over the pending token and the draft (one, or one per
