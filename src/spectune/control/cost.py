@@ -332,11 +332,9 @@ class CostK:
             return 1, curve.relative(k) if k else 1.0
         costs = chunked_costs(curve, alpha, k, cfg.max_verify_groups)  # [0]: one pass
         groups = cheapest(costs)
-        return (
-            (groups, costs[groups - 1])
-            if costs[groups - 1] * (1.0 + cfg.margin) < costs[0]
-            else (1, costs[0])
-        )
+        if costs[groups - 1] * (1.0 + cfg.margin) >= costs[0]:
+            groups = 1  # chunking must beat one pass by the margin
+        return groups, costs[groups - 1]
 
     def _groups_by_length(
         self, alpha: float, curve: CostCurve | None = None

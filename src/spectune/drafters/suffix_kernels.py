@@ -1,9 +1,9 @@
 """The inner loops of suffix lookup, compiled (numba): the drafting step's hot path.
 
 A suffix drafter looks up every source on every step, and the target step it must stay
-cheap against is 20-60 ms on this project's CPUs. In numpy each lookup was a few dozen
+cheap against is 11-60 ms on this project's CPUs. In numpy each lookup was a few dozen
 small array operations, and right after a target forward (caches cold) those cost
-0.3-0.5 ms together: 2% of an int4 step. These loops do the same work element by element
+0.2-0.6 ms together: 1-2.5% of an int4 step. These loops do the same work element by element
 in compiled code, in microseconds, and release the GIL (a server drafts in threads).
 
 Every stream here is int32 with SEP (-1) between documents; positions are int64.
