@@ -22,7 +22,12 @@ from spectune.drafters.pairing import Loaded, load_drafter, load_target, tree_dr
 from spectune.drafters.tree import TreeShape
 from spectune.errors import IncompatibleModelsError, InvalidParameterError, ModelLoadError
 from spectune.models.llama import LlamaLM
-from spectune.models.llamacpp import LlamaCppCache, LlamaCppModel, llama_cpp_available
+from spectune.models.llamacpp import (
+    LlamaCppCache,
+    LlamaCppModel,
+    amx_problem,
+    llama_cpp_available,
+)
 from spectune.models.loading import load_model
 from spectune.models.shipped import shipped_drafts
 from spectune.models.toy import perturbed, toy_config, toy_model
@@ -63,6 +68,19 @@ def test_a_missing_extra_is_one_line_saying_how_to_install_it(
     monkeypatch.setitem(sys.modules, "llama_cpp.llama_cpp", None)  # import fails
     with pytest.raises(ModelLoadError, match=r"pip install 'spectune\[llamacpp\]'.*minutes"):
         load_model(toy_file, runtime="llamacpp")
+
+
+def test_a_build_with_amx_kernels_is_refused_with_the_rebuild_command() -> None:
+    # llama_print_system_info of the vendored llama.cpp built with GGML_NATIVE=ON on an
+    # Intel Xeon with AMX (which crashed on a 2-token batch), and without AMX.
+    native = (
+        "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | OPENMP = 1 |"
+    )
+    without = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_BF16 = 1 | OPENMP = 1 |"
+    problem = amx_problem(native)
+    assert problem is not None and "\n" not in problem
+    assert "AMX" in problem and "-DGGML_NATIVE=OFF" in problem and "pip install" in problem
+    assert amx_problem(without) is None
 
 
 @needs_llama_cpp

@@ -59,6 +59,8 @@ __all__ = [
     "LlamaCppCache",
     "LlamaCppModel",
     "MAX_PIECE",
+    "NO_AMX_CMAKE_ARGS",
+    "amx_problem",
     "llama_cpp_available",
     "load_llama_cpp",
     "refuse_feature_head",
@@ -68,6 +70,12 @@ LLAMACPP = "llamacpp"  # the runtime's name: --runtime llamacpp; bench's and exp
 # How long ``pip install spectune[llamacpp]`` compiles llama.cpp on a 2-core machine (the
 # package has no binary wheel for this platform).
 BUILD_MINUTES = 25
+# A build on every AVX-512 feature but AMX (``amx_problem``); GGML_NATIVE would add AMX.
+NO_AMX_CMAKE_ARGS = (
+    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+    "-DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON "
+    "-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"
+)
 MAX_PIECE = 512  # tokens per llama_decode call: the context's batch and micro-batch size
 _CONTEXT_STEP = 256  # a context holds a multiple of this many tokens per sequence
 _FREE_CONTEXTS = 2  # contexts a model keeps for reuse once their caches are gone
@@ -90,6 +98,9 @@ def load_llama_cpp() -> ModuleType:
             f"--runtime llamacpp needs llama-cpp-python: pip install 'spectune[llamacpp]' "
             f"(it compiles llama.cpp, about {BUILD_MINUTES} minutes on 2 cores) ({exc})"
         ) from exc
+    problem = amx_problem(lib.llama_print_system_info().decode("utf-8", errors="replace"))
+    if problem:
+        raise ModelLoadError(problem)
     global _log_callback
     if _log_callback is None:
         # llama.cpp logs every tensor it loads to stderr; keep its last warnings and errors
@@ -97,6 +108,24 @@ def load_llama_cpp() -> ModuleType:
         _log_callback = lib.llama_log_callback(_remember_log)
         lib.llama_log_set(_log_callback, None)
     return lib
+
+
+def amx_problem(system_info: str) -> str | None:
+    """Why a llama.cpp build cannot serve, from ``llama_print_system_info``, or None.
+
+    A build with llama.cpp's AMX kernels (``GGML_NATIVE=ON`` on a CPU with AMX, such as a
+    Sapphire Rapids Xeon) crashes the process in ``ggml_backend_amx_mul_mat`` on any batch
+    of more than one token with the default target's Q4_1 weights (a prompt, a draft to
+    verify), here as in ``llama-bench -p 2`` (llama.cpp issue 20824; its Q4_0/Q4_1 AMX
+    results were also found wrong, pull request 16315). Refused before it can crash."""
+    if "AMX_INT8 = 1" not in system_info:
+        return None
+    return (
+        "this llama-cpp-python was built with llama.cpp's AMX kernels, which crash on "
+        "multi-token batches (llama.cpp issue 20824); rebuild it without them: "
+        f"CMAKE_ARGS='{NO_AMX_CMAKE_ARGS}' pip install --force-reinstall --no-cache-dir "
+        "'spectune[llamacpp]'"
+    )
 
 
 _log_callback: Any = None
