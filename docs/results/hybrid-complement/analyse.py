@@ -52,7 +52,7 @@ print("\nsuffix match length -> suffix right / head right")
 for lo, hi in ((0, 2), (2, 4), (4, 8), (8, 16), (16, 10**6)):
     m = has_suffix & (length >= lo) & (length < hi)
     print(
-        f"  [{lo}, {hi}): {m.sum():5d} positions, {suffix_ok[m].mean():.2f} / {head_ok[m].mean():.2f}"
+        f"  {f'[{lo}, {hi})' if hi < 10**6 else f'{lo}+'}: {m.sum():5d} positions, {suffix_ok[m].mean():.2f} / {head_ok[m].mean():.2f}"
     )
 print("\ncategory: suffix / head / either / choice")
 for c in sorted({r["category"] for r in rows}):
