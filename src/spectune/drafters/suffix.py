@@ -309,6 +309,9 @@ class SuffixDrafter:
                 candidates.append(
                     propose_from(self.index.find(tail), num_tokens, settings, "corpus")
                 )
+            if self.history is not None:
+                found = self.history.find(tail, depth)
+                candidates.append(propose_from(found, num_tokens, settings, "history"))
         else:  # chains: match and continuation in one compiled call per source
             caps = settings.caps(num_tokens)
             candidates = [
@@ -332,10 +335,6 @@ class SuffixDrafter:
             if self.history is not None:
                 history = self.history.chain(tail, depth, caps, settings.min_prob)
                 candidates.append(_chain_proposal(history, "history"))
-        if self.history is not None and settings.tree:
-            candidates.append(
-                propose_from(self.history.find(tail, depth), num_tokens, settings, "history")
-            )
         # max keeps the first of equal keys: ties go to the longer match, then source order
         return max(candidates, key=lambda p: (p.score, p.match_length))
 
