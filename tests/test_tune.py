@@ -229,10 +229,11 @@ def test_bench_runs_a_policy_file(toy_folder: Path, tmp_path: Path) -> None:
     assert "spectune ngram mine" in [s.info.name for s in systems]
 
 
-def test_a_pause_must_pay_clearly_where_speculation_pays() -> None:
-    """Fallback checks after the search: one that fires but pays under CHECK_GAIN goes, one
-    that pays more stays, one that never fires stays (a safety net), and where drafting
-    itself does not pay, the pause stays (it is the protection)."""
+def test_a_pause_must_pay_clearly_unless_it_is_the_protection() -> None:
+    """Fallback checks after the search: one that fires but pays under CHECK_GAIN goes, also
+    where drafting pays only a little without it; one that pays more stays; one that never
+    fires stays (a safety net); and where drafting without the pause is slower than plain
+    decoding, the pause stays (it is the protection)."""
     from spectune.control.tune import CHECK_GAIN, _robust_checks
 
     both = {**seed_params(), "checks": ("global", "local")}
@@ -245,4 +246,7 @@ def test_a_pause_must_pay_clearly_where_speculation_pays() -> None:
     assert _robust_checks(both, rates(20.0 * small, 20.0), 15.0)["checks"] == ("global",)
     large = 1.0 + 2 * CHECK_GAIN
     assert _robust_checks(both, rates(20.0 * large, 20.0), 15.0)["checks"] == ("global", "local")
-    assert _robust_checks(both, rates(15.0 * small, 15.0), 15.0)["checks"] == ("global", "local")
+    # Drafting pays 1% without the pause, the pause adds under CHECK_GAIN: it goes.
+    assert _robust_checks(both, rates(15.15 * small, 15.15), 15.0)["checks"] == ("global",)
+    # Without the pause drafting is slower than plain decoding: it stays.
+    assert _robust_checks(both, rates(15.0 * small, 14.9), 15.0)["checks"] == ("global", "local")
