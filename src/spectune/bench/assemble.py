@@ -38,15 +38,17 @@ from spectune.drafters.model import ModelDrafter
 from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.pairing import (
     Loaded,
+    compile_target,
     is_suffix_spec,
     load_drafter,
     load_target,
+    native_precision,
     tree_drafter_for,
 )
 from spectune.drafters.tree import TreeShape
 from spectune.errors import IncompatibleModelsError, InvalidParameterError
 from spectune.models.base import LanguageModel, ModelInfo
-from spectune.models.llama import LlamaConfig, LlamaLM
+from spectune.models.llama import COMPILED, LlamaConfig, LlamaLM
 from spectune.models.llamacpp import LLAMACPP
 from spectune.models.loading import resolve_model_path, save_native
 from spectune.models.quant import PRECISIONS, quantize_net
@@ -149,6 +151,11 @@ def file_policy(path: str, cost_curve: CostCurve | None) -> PolicyChoice:
     choice = PolicyChoice(Path(path).stem, load_policy_file(path), cost_curve)
     choice.factory()(SamplingParams())
     return choice
+
+
+# The largest K the adaptive policies ask for by default (``threshold`` and ``cost``: 8) and
+# the one more that ``cost`` probes with: the chunks a compiled target compiles up front.
+COMPILED_POLICY_K = 9
 
 
 def _fixed(k: int) -> Callable[[SamplingParams], KPolicy]:
@@ -263,12 +270,9 @@ def load_workbench(
     ``scratch`` holds the random draft's HF folder for transformers (a temporary folder
     when None).
     """
-    if dtype_name not in (*PRECISIONS, LLAMACPP):
-        raise InvalidParameterError(
-            f"unknown dtype {dtype_name!r} ({', '.join((*PRECISIONS, LLAMACPP))})"
-        )
     on_llamacpp = dtype_name == LLAMACPP
-    precision = PRECISIONS["fp32" if on_llamacpp else dtype_name]
+    precision = PRECISIONS["fp32"] if on_llamacpp else native_precision(dtype_name)
+    compiled = dtype_name.endswith(COMPILED)
     dtype, quantize = precision.dtype, precision.quantize
     runtime = LLAMACPP if on_llamacpp else "native"
     # The weight-only kernels are CPU kernels: int8 / int4 run there whatever the device.
@@ -278,8 +282,13 @@ def load_workbench(
         config.target, dtype=dtype, runtime=runtime, quantize=quantize, device=device
     )
     notes: list[str] = []
+    if compiled:  # before the drafters: pairing reads tree_masks
+        compile_target(loaded.model)
     needs_hf = any(config.runs(key) for key in ("hf", "hf-assisted", "hf-heuristic", "hf-lookup"))
-    if needs_hf and on_llamacpp:
+    if needs_hf and compiled:
+        needs_hf = False
+        notes.append(f"{dtype_name}: no transformers systems (they run the {precision.name} one)")
+    elif needs_hf and on_llamacpp:
         needs_hf = False
         notes.append(f"{dtype_name}: no transformers systems (it runs no llama.cpp kernels)")
     elif needs_hf and quantize != "none":
@@ -344,6 +353,10 @@ def load_workbench(
                     "assistant model; no HF assisted systems for it"
                 )
             drafts.append(DraftSource(label, drafter, assistant))
+    if isinstance(loaded.model, LlamaLM) and loaded.model.compiled_steps:
+        # After the drafters (a feature head exposes target layers: other graphs): every
+        # chunk a fixed K or an adaptive policy (K <= 8, plus its probe) verifies.
+        loaded.model.compile_chunks(max(*config.ks, COMPILED_POLICY_K) + 1)
     curves = measure_curves(loaded.model, hf_target, repeats=curve_repeats)
     # The adaptive policies start from the curve generate and serve use (recorded for this
     # runtime), as a user's would; a curve measured in a few seconds at start-up moves

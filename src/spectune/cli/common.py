@@ -10,7 +10,13 @@ import torch
 
 from spectune.control.config import PolicySpec
 from spectune.drafters.base import Drafter
-from spectune.drafters.pairing import Loaded, drafter_summary, load_drafter, load_target
+from spectune.drafters.pairing import (
+    Loaded,
+    compile_target,
+    drafter_summary,
+    load_drafter,
+    load_target,
+)
 from spectune.errors import InvalidParameterError
 from spectune.models.devices import DEVICES, resolve_device
 from spectune.models.llamacpp import LLAMACPP
@@ -93,6 +99,16 @@ def add_precision_args(parser: argparse.ArgumentParser) -> None:
     add_device_arg(parser)
 
 
+def add_compile_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the target's forwards after the prompt compiled by torch.compile (native "
+        "runtime; chain drafts only, no token trees; each chunk size compiles at its first "
+        "use: about 20 s for one token, minutes for a chunk of 9 on a small CPU)",
+    )
+
+
 def add_device_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",
@@ -140,6 +156,8 @@ def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
         quantize=precision.quantize,
         device=device,
     )
+    if getattr(args, "compile", False):  # before the drafter: pairing reads tree_masks
+        compile_target(target.model)
     drafter = load_drafter(
         args.draft or "ngram",
         target,

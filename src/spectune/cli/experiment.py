@@ -97,7 +97,8 @@ def register(subparsers: Any) -> None:
         "--precisions",
         default="fp32,bf16,int8,int4",
         help="comma-separated fp32, bf16, int8, int4 or llamacpp (the GGUF on llama.cpp's "
-        "kernels); the first is the reference (runtimes; test prompts)",
+        "kernels), a precision with '+compile' (its one-token steps compiled, "
+        "LlamaLM.compile_steps); the first is the reference (runtimes; test prompts)",
     )
     history = parser.add_argument_group("history (suffix drafting across requests)")
     history.add_argument("--requests", type=int, default=100, help="requests served in turn")
@@ -335,22 +336,31 @@ def _chunked(setup: Setup, args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def _runtime_name(name: str) -> str:
+    """A ``--precisions`` entry as the runtimes table names it: ``llamacpp``, a precision,
+    or a precision with ``+compile``."""
+    from spectune.cli.common import parse_precision
+    from spectune.models.llama import COMPILED
+
+    if name == LLAMACPP:
+        return name
+    base = name.removesuffix(COMPILED)
+    return parse_precision(base).name + name[len(base) :]
+
+
 def _runtimes(args: argparse.Namespace) -> dict[str, object]:
     import torch
 
-    from spectune.cli.common import parse_precision
     from spectune.control.crossover import runtime_of, save_verify_curve
+    from spectune.drafters.pairing import compile_target, native_precision
     from spectune.experiments.runtimes import compare_runtimes
     from spectune.models.base import LanguageModel
-    from spectune.models.quant import PRECISIONS
+    from spectune.models.llama import COMPILED
 
-    # "llamacpp": the GGUF on llama.cpp's kernels (its own tensor types), not a precision.
-    names = [
-        name if name == LLAMACPP else parse_precision(name).name
-        for name in args.precisions.split(",")
-        if name
-    ]
-    precisions = [PRECISIONS[n] for n in names if n != LLAMACPP]
+    # "llamacpp": the GGUF on llama.cpp's kernels (its own tensor types), not a precision;
+    # "PRECISION+compile": that precision with its one-token steps compiled.
+    names = [_runtime_name(name) for name in args.precisions.split(",") if name]
+    precisions = [native_precision(n) for n in names if n != LLAMACPP]
     if not names:
         raise InvalidParameterError("--precisions: give at least one")
     if args.toy and LLAMACPP in names:
@@ -365,10 +375,12 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
 
         base = toy_setup()
         assert isinstance(base.target, LlamaLM)
-        for precision in precisions:
+        for name, precision in zip(names, precisions, strict=True):
             net = copy.deepcopy(base.target.net).to(precision.dtype)
             quantize_net(net, precision.quantize)
-            models[precision.name] = LlamaLM(net, name=base.target.info.name)
+            models[name] = LlamaLM(net, name=base.target.info.name)
+            if name.endswith(COMPILED):
+                compile_target(models[name])
         prompts = [tokens for _, tokens in base.prompts]
         description = "toy target"
     else:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from spectune.cli.common import (
+    add_compile_arg,
     add_model_args,
     add_sampling_args,
     load_models,
@@ -52,6 +53,7 @@ def register(subparsers: Any) -> None:
     add_sampling_args(parser)
     add_policy_args(parser)
     parser.add_argument("--compare", action="store_true", help="also decode without speculation")
+    add_compile_arg(parser)
     parser.add_argument(
         "--tree-width",
         type=int,

@@ -35,6 +35,7 @@ from typing import Any
 
 from spectune.control.costs import CostCurve
 from spectune.models.base import LanguageModel, ModelInfo
+from spectune.models.llama import COMPILED
 
 __all__ = [
     "crossover_path",
@@ -52,9 +53,11 @@ FP32 = "fp32"
 
 def runtime_of(model: object) -> str:
     """The runtime a model runs on, as ``--dtype`` names it: its ``precision`` where it
-    states one (the native runtime and llama.cpp do), else fp32."""
+    states one (the native runtime and llama.cpp do), else fp32; "+compile" after it where
+    its steps are compiled (``LlamaLM.compile_steps``)."""
     precision = getattr(model, "precision", FP32)
-    return precision if isinstance(precision, str) else FP32
+    name = precision if isinstance(precision, str) else FP32
+    return name + COMPILED if getattr(model, "compiled_steps", False) else name
 
 
 def crossover_path() -> Path:

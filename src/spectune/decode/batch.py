@@ -137,6 +137,11 @@ class BatchEngine:
             raise InvalidParameterError(f"capacity must be >= 2 tokens, got {capacity}")
         if speculate_max_batch is not None and speculate_max_batch < 0:
             raise InvalidParameterError("speculate_max_batch must be >= 0")
+        if max_batch > 1 and getattr(target, "compiled_steps", False):
+            raise InvalidParameterError(
+                "a target with compiled steps (--compile) decodes one sequence at a time: "
+                f"max_batch must be 1, got {max_batch}"
+            )
         self.target = target
         self.max_batch = max_batch
         try:

@@ -46,9 +46,10 @@ from spectune.errors import (
     SpectuneWarning,
 )
 from spectune.models.base import LanguageModel, ModelInfo, takes_tree_masks
+from spectune.models.llama import COMPILED, LlamaLM
 from spectune.models.llamacpp import LLAMACPP
 from spectune.models.loading import load_model, resolve_model_path
-from spectune.models.quant import PRECISIONS, QuantMode
+from spectune.models.quant import PRECISIONS, Precision, QuantMode
 from spectune.models.shipped import DEFAULT_SUFFIX_INDEX, shipped_drafts, shipped_suffix_index
 from spectune.models.tokenizer import Tokenizer, load_tokenizer
 from spectune.models.vocab import TargetVocabModel
@@ -65,8 +66,10 @@ __all__ = [
     "is_suffix_spec",
     "load_drafter",
     "load_drafter_at",
+    "native_precision",
     "load_suffix_drafter",
     "load_target",
+    "compile_target",
     "load_target_at",
     "pairing_problems",
     "paired_model_drafter",
@@ -78,7 +81,8 @@ __all__ = [
 MAX_VOCAB_DIFFERENCE = 128
 # How a target can run, as experiments and the bench's --dtype name it: a precision of the
 # native runtime (``PRECISIONS``) or the GGUF on llama.cpp's kernels.
-TARGET_PRECISIONS: tuple[str, ...] = (*PRECISIONS, LLAMACPP)
+# A native precision with ``COMPILED`` after it: the same, its forwards compiled.
+TARGET_PRECISIONS: tuple[str, ...] = (*PRECISIONS, *(p + COMPILED for p in PRECISIONS), LLAMACPP)
 
 
 @dataclass(frozen=True)
@@ -114,15 +118,32 @@ def load_target(
 
 def load_target_at(ref: str, precision: str) -> Loaded:
     """``load_target`` at one of ``TARGET_PRECISIONS`` (``fp32``, ``bf16``, ``int8``,
-    ``int4``, ``llamacpp``)."""
+    ``int4``, each also with ``+compile``, or ``llamacpp``)."""
     if precision == LLAMACPP:
         return load_target(ref, runtime=LLAMACPP)
-    if precision not in PRECISIONS:
+    chosen = native_precision(precision)
+    loaded = load_target(ref, dtype=chosen.dtype, quantize=chosen.quantize)
+    if precision.endswith(COMPILED):
+        compile_target(loaded.model)
+    return loaded
+
+
+def native_precision(name: str) -> Precision:
+    """The native precision of a ``TARGET_PRECISIONS`` name other than ``llamacpp``."""
+    base = name.removesuffix(COMPILED)
+    if base not in PRECISIONS:
+        raise InvalidParameterError(f"unknown precision {name!r} ({', '.join(TARGET_PRECISIONS)})")
+    return PRECISIONS[base]
+
+
+def compile_target(model: LanguageModel) -> None:
+    """``LlamaLM.compile_steps`` on ``model``, or a clear error on another runtime."""
+    if not isinstance(model, LlamaLM):
         raise InvalidParameterError(
-            f"unknown precision {precision!r} ({', '.join(TARGET_PRECISIONS)})"
+            f"compiled steps (--compile, +compile) need the native runtime, not "
+            f"{type(model).__name__}"
         )
-    chosen = PRECISIONS[precision]
-    return load_target(ref, dtype=chosen.dtype, quantize=chosen.quantize)
+    model.compile_steps()
 
 
 def load_drafter_at(spec: str | None, target: Loaded, precision: str) -> Drafter | None:
@@ -130,7 +151,7 @@ def load_drafter_at(spec: str | None, target: Loaded, precision: str) -> Drafter
     model at the same precision (llama.cpp's runtime, or the same dtype and kernels)."""
     if precision == LLAMACPP:
         return load_drafter(spec, target, runtime=LLAMACPP)
-    chosen = PRECISIONS[precision]
+    chosen = native_precision(precision)
     return load_drafter(spec, target, dtype=chosen.dtype, quantize=chosen.quantize)
 
 
@@ -388,6 +409,11 @@ def tree_drafter_for(drafter: Drafter | None, target: LanguageModel, shape: Tree
     The target must take tree attention masks (``takes_tree_masks``: the native runtime, or
     a full-attention model through transformers); the drafter checks its own side.
     """
+    if getattr(target, "compiled_steps", False):
+        raise InvalidParameterError(
+            "token trees: a target with compiled steps takes no tree attention mask "
+            "(drop --compile)"
+        )
     if not takes_tree_masks(target):
         raise InvalidParameterError(
             f"token trees: {target.info.name} cannot take a tree attention mask in this "

@@ -31,18 +31,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spectune.errors import PromptError
+from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import ModelInfo, ModelOutput
 from spectune.models.kv_cache import StaticKVCache
 
 __all__ = [
+    "COMPILED",
     "ROW_EXACT_MAX_ROWS",
+    "ChainRows",
     "LlamaConfig",
     "LlamaLM",
     "LlamaTransformer",
     "RowKeys",
     "truncated",
 ]
+
+# A runtime whose forwards after the prompt are compiled (``LlamaLM.compile_steps``) is
+# named by its precision and this: "int4+compile".
+COMPILED = "+compile"
 
 # Forwards of up to this many rows attend row by row when batch invariance is on: every
 # decode step, verification chunk and tree; longer prompt prefills stay one SDPA call (a
@@ -164,6 +170,28 @@ def row_keys(lengths: list[int], chunk: int, chunk_mask: Tensor | None) -> RowKe
     return RowKeys(tuple(rows))
 
 
+@dataclass(frozen=True)
+class ChainRows:
+    """``RowKeys``'s row-exact attention for a chain on one sequence, written for
+    ``torch.compile``: row i of a chunk of c attends to the first ``used - c + i + 1``
+    slots by the same one-row SDPA call, its bounds computed from ``used`` inside the
+    graph, so one compiled graph serves a chunk size at every cache length."""
+
+    def attend(self, queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        """queries [1, heads, chunk, dim]; keys/values [1, kv_heads, used, dim]."""
+        chunk, used = queries.shape[2], keys.shape[2]
+        rows = [
+            F.scaled_dot_product_attention(
+                queries[:, :, i : i + 1],
+                keys[:, :, : used - chunk + i + 1],
+                values[:, :, : used - chunk + i + 1],
+                enable_gqa=True,
+            )
+            for i in range(chunk)
+        ]
+        return torch.cat(rows, dim=2)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
@@ -196,7 +224,7 @@ class Attention(nn.Module):
         slots: Tensor | None,  # [batch, chunk]
         mask: Tensor | None,  # [batch, 1, chunk, used] bool, True = may attend
         used: int,
-        rows: RowKeys | None = None,
+        rows: RowKeys | ChainRows | None = None,
     ) -> Tensor:
         cfg = self.cfg
         batch, chunk, _ = x.shape
@@ -263,7 +291,7 @@ class Block(nn.Module):
         slots: Tensor | None,
         mask: Tensor | None,
         used: int,
-        rows: RowKeys | None = None,
+        rows: RowKeys | ChainRows | None = None,
     ) -> Tensor:
         attended = self.self_attn(
             self.input_layernorm(x), cos, sin, cache, layer, slots, mask, used, rows
@@ -295,7 +323,7 @@ class LlamaTransformer(nn.Module):
         mask: Tensor | None = None,  # [batch, 1, chunk, used]
         used: int = 0,
         capture: tuple[int, ...] = (),
-        rows: RowKeys | None = None,
+        rows: RowKeys | ChainRows | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Returns (logits [batch, chunk, vocab], states [batch, chunk, hidden * n]).
 
@@ -307,14 +335,17 @@ class LlamaTransformer(nn.Module):
         x = self.embed_tokens(tokens)
         cos, sin = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
         last = len(self.layers) - 1
+        # One flag per block, compared with ``==``: under torch.compile(dynamic=True) the
+        # layer numbers come in symbolic, and ``in`` on a tuple of symbols never holds.
+        wanted = [any(i == layer for layer in capture) for i in range(last + 1)]
         captured: list[Tensor] = []
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, cache, i, slots, mask, used, rows)
-            if i in capture and i != last:
+            if wanted[i] and i != last:
                 captured.append(x)
         hidden = self.norm(x)
         if capture:
-            states = torch.cat([*captured, hidden] if last in capture else captured, dim=-1)
+            states = torch.cat([*captured, hidden] if wanted[last] else captured, dim=-1)
             return self.lm_head(hidden), states
         return self.lm_head(hidden), hidden
 
@@ -358,6 +389,7 @@ class LlamaLM:
         )
         self.feature_layers: tuple[int, ...] = ()  # () = the last hidden state only
         self._batch_invariant: bool | None = None  # decided at the first forward
+        self._compiled_step: Any = None  # ``compile_steps``
 
     @property
     def batch_invariant(self) -> bool:
@@ -372,6 +404,49 @@ class LlamaLM:
     @batch_invariant.setter
     def batch_invariant(self, on: bool) -> None:
         self._batch_invariant = on
+
+    @property
+    def compiled_steps(self) -> bool:
+        """Whether the forwards after the prompt run a compiled network (``compile_steps``)."""
+        return self._compiled_step is not None
+
+    def compile_steps(self) -> None:
+        """Run every forward after the prompt through the network compiled by
+        ``torch.compile``: one sequence's steps and chains (plain decoding's step, a chain
+        draft's verification) of up to ``ROW_EXACT_MAX_ROWS`` tokens, attending row by row
+        (``ChainRows``) so a position's logits do not depend on the rows beside it. Shapes
+        are dynamic: one graph per chunk size at every cache length, each compiled at its
+        first use (about 20 s for one token on a 2-core CPU, minutes for 9: the row loop
+        is unrolled; ``compile_chunks`` compiles them ahead). The prompt's forward, on an empty
+        cache, stays eager, the same in plain and speculative decoding. A compiled model
+        takes no token trees (``tree_masks`` is False, so pairing keeps drafts chains) and
+        no batch of sequences: those forwards raise ``InvalidParameterError``, since an
+        eager forward among compiled ones could round apart from plain decoding's."""
+        if self._compiled_step is None:
+            limit = torch._dynamo.config.recompile_limit
+            torch._dynamo.config.recompile_limit = max(limit, ROW_EXACT_MAX_ROWS + 1)
+            net = self.net
+
+            def step(
+                tokens: Tensor, positions: Tensor, cache: StaticKVCache, slots: Tensor, used: int
+            ) -> Any:
+                capture = self.feature_layers  # as exposed at the call, not at the compile
+                return net(tokens, positions, cache, slots, None, used, capture, ChainRows())
+
+            self._compiled_step = torch.compile(step, dynamic=True)
+            self.tree_masks = False
+
+    def compile_chunks(self, largest: int) -> None:
+        """Compile the graphs of chunks of 1 .. ``largest`` tokens now (``compile_steps``),
+        on a scratch cache, so no timed forward pays a compile."""
+        if self._compiled_step is None:
+            raise InvalidParameterError("compile_chunks needs compile_steps first")
+        for chunk in range(1, largest + 1):
+            # A "prompt" of 2 tokens: a cache length of 0 or 1 would give a graph of its own
+            # (torch specialises sizes 0 and 1), one no later step could use.
+            cache = self.new_cache(1, capacity=chunk + 8)
+            self.forward(torch.zeros(1, 2, dtype=torch.long), cache)  # eager
+            self.forward(torch.zeros(1, chunk, dtype=torch.long), cache)
 
     def expose_layers(self, layers: tuple[int, ...]) -> None:
         """Make ``forward``'s ``hidden`` the concatenated states of ``layers`` (ascending),
@@ -444,7 +519,9 @@ class LlamaLM:
             )
         device = self.device
         slots = cache.slots(chunk)  # on the cache's device
-        rows = None
+        if self._compiled_step is not None and any(cache.lengths):  # after the prompt
+            return self._compiled_forward(tokens, cache, slots, positions, chunk_mask)
+        rows: RowKeys | None = None
         # One token of one sequence already makes the one-row SDPA call (mask None).
         several = chunk > 1 or len(cache.lengths) > 1 or chunk_mask is not None
         if self.batch_invariant and several and chunk <= ROW_EXACT_MAX_ROWS:
@@ -464,6 +541,30 @@ class LlamaLM:
         )
         cache.advance(chunk)
         # ``to`` is free on the CPU; from a GPU it brings the step's outputs to the decode loop.
+        return ModelOutput(logits=logits.to("cpu"), hidden=hidden.to("cpu"))
+
+    def _compiled_forward(
+        self,
+        tokens: Tensor,
+        cache: StaticKVCache,
+        slots: Tensor,
+        positions: Tensor | None,
+        chunk_mask: Tensor | None,
+    ) -> ModelOutput:
+        """``forward`` after the prompt on a compiled model (``compile_steps``)."""
+        chunk = tokens.shape[1]
+        if chunk_mask is not None or cache.batch_size > 1 or chunk > ROW_EXACT_MAX_ROWS:
+            raise InvalidParameterError(
+                "a model with compiled steps decodes one sequence by chains of at most "
+                f"{ROW_EXACT_MAX_ROWS} tokens (no token trees, no batches); got "
+                f"{cache.batch_size} sequence(s), {chunk} tokens"
+                + (", a tree mask" if chunk_mask is not None else "")
+            )
+        device = self.device
+        used = cache.lengths[0] + chunk
+        positions = slots if positions is None else positions.to(device)
+        logits, hidden = self._compiled_step(tokens.to(device), positions, cache, slots, used)
+        cache.advance(chunk)
         return ModelOutput(logits=logits.to("cpu"), hidden=hidden.to("cpu"))
 
 
