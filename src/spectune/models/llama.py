@@ -337,11 +337,11 @@ class LlamaTransformer(nn.Module):
         last = len(self.layers) - 1
         # One flag per block, compared with ``==``: under torch.compile(dynamic=True) the
         # layer numbers come in symbolic, and ``in`` on a tuple of symbols never holds.
-        wanted = [any(i == layer for layer in capture) for i in range(last + 1)]
+        wanted = [any(i == layer for layer in capture) for i in range(last + 1)] if capture else []
         captured: list[Tensor] = []
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, cache, i, slots, mask, used, rows)
-            if wanted[i] and i != last:
+            if capture and wanted[i] and i != last:
                 captured.append(x)
         hidden = self.norm(x)
         if capture:
