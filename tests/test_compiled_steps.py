@@ -56,9 +56,10 @@ def test_a_compiled_target_refuses_trees_and_batches(toy_target: LlamaLM) -> Non
 @pytest.mark.slow
 def test_compiled_speculation_keeps_compiled_plain_greedy_output(toy_target: LlamaLM) -> None:
     """int4 toy target, compiled: every row of a chain scores the same bits as the
-    one-token step at that position, speculative greedy output (K = 1, 2) equals compiled
-    plain decoding's, which equals eager plain decoding's tokens here, and a growing cache
-    compiles no graph beyond one per chunk size."""
+    one-token step at that position, speculative greedy output (K = 1, 2; in one pass and
+    in groups) equals compiled plain decoding's, which equals eager plain decoding's tokens
+    here, and neither a growing cache nor a group's slice of a chain compiles a graph
+    beyond one per chunk size."""
     from torch._dynamo.utils import counters
 
     eager = _int4(toy_target)
@@ -76,6 +77,11 @@ def test_compiled_speculation_keeps_compiled_plain_greedy_output(toy_target: Lla
         for k in (1, 2):
             run = SpeculativeEngine(target, draft).run(prompt, params, policy=FixedK(k))
             assert run.tokens == plain
+        # Chunked verification scores slices of the chain (other strides): no new graphs.
+        run = SpeculativeEngine(target, draft, verify_groups=2).run(
+            prompt, params, policy=FixedK(2)
+        )
+        assert run.tokens == plain
     assert graphs <= 3 and counters["stats"]["unique_graphs"] == graphs, dict(counters["stats"])
     cache_one, cache_chain = target.new_cache(), target.new_cache()
     prompt = torch.tensor([[1, 22, 40, 7, 3]])

@@ -562,8 +562,15 @@ class LlamaLM:
             )
         device = self.device
         used = cache.lengths[0] + chunk
-        positions = slots if positions is None else positions.to(device)
-        logits, hidden = self._compiled_step(tokens.to(device), positions, cache, slots, used)
+        # Fresh contiguous copies: a slice of a longer chunk (a group of a chunked chain)
+        # keeps its parent's strides, and the graphs guard on strides, so it would compile
+        # a graph of its own (minutes, inside a timed step).
+        tokens = tokens.to(device).clone(memory_format=torch.contiguous_format)
+        if positions is None:
+            positions = slots
+        else:
+            positions = positions.to(device).clone(memory_format=torch.contiguous_format)
+        logits, hidden = self._compiled_step(tokens, positions, cache, slots, used)
         cache.advance(chunk)
         return ModelOutput(logits=logits.to("cpu"), hidden=hidden.to("cpu"))
 
