@@ -49,11 +49,16 @@ def test_temperature_above_0_7_is_one_step_more_conservative() -> None:
     assert max(trajectory) == 7 and trajectory[-1] == 7
     cold = make_policy("threshold", {"checks": []}, params=SamplingParams(temperature=0.7))
     assert cold.plan().k == 4  # 0.7 itself is not above 0.7
-    # At the bottom the rule cannot go below min_k.
+    # At the bottom the rule cannot go below one token.
     hot_low = make_policy(
         "threshold", {"checks": [], "initial_k": 1}, params=SamplingParams(temperature=1.0)
     )
     assert drive(hot_low, [0.0] * 10) == [1] * 10
+    # It steps down from min_k: K in [2, 3] drafts 2 cold and 1 hot, whatever acceptance.
+    bounds = {"checks": [], "min_k": 2, "max_k": 3, "initial_k": 2}
+    for temperature, k in ((0.0, 2), (1.0, 1)):
+        bounded = make_policy("threshold", bounds, params=SamplingParams(temperature=temperature))
+        assert drive(bounded, [0.0] * 10) == [k] * 10
 
 
 def test_alternating_good_and_bad_steps_do_not_oscillate() -> None:

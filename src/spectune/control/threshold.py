@@ -5,7 +5,9 @@ Rule: start at ``initial_k`` (4); when the acceptance rate (accepted / positions
 ``raise_above`` (80%) K goes up by one, to ``max_k`` (8) at most; below ``lower_below``
 (60%) it goes down by one, to ``min_k`` (1) at least. When the sampling temperature is
 above ``hot_temperature`` (0.7) the policy is one step more conservative: it drafts
-K - 1 (never fewer than ``min_k``).
+K - 1, never fewer than one. ``min_k`` bounds where the acceptance rule moves K, the
+temperature rule steps down from there: a tuned ``min_k = 2`` with the rule on drafts 2
+tokens cold and 1 hot (the best fixed K can differ by temperature).
 
 Hysteresis, so K does not oscillate:
 - a decision reads the acceptance of the last ``window`` (4) speculative steps, not of
@@ -79,8 +81,8 @@ class ThresholdK:
         self.last_rate: float | None = None
 
     def plan(self) -> StepPlan:
-        # Never holds speculation off by itself (K >= min_k >= 1), so never a reason.
-        return StepPlan(max(self.config.min_k, self.k - self.offset))
+        # Never holds speculation off by itself (K >= 1), so never a reason.
+        return StepPlan(max(1, self.k - self.offset))
 
     def observe(self, record: StepRecord) -> None:
         if record.num_draft_tokens == 0:
