@@ -280,3 +280,40 @@ def test_bad_input_is_one_line_error(
     assert main(["bench", "--no-plots", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def _plot_row(system: str, category: str, k: int | None, tps: float) -> dict[str, Any]:
+    family = "spectune-plain" if k is None and system == "spectune plain" else "spectune"
+    return {
+        "system": system,
+        "category": category,
+        "family": family,
+        "drafter": None if family == "spectune-plain" else "ngram",
+        "policy": "fixed" if k is not None else ("cost" if family == "spectune" else None),
+        "k": k,
+        "tokens_per_second": tps,
+        "speedup_vs_plain": tps / 50.0,
+        "dtype": "fp32",
+        "temperature": 0.0,
+    }
+
+
+@pytest.mark.parametrize(("ks", "k_plot"), [((4,), False), ((2, 4), True)])
+def test_plots_draw_a_k_curve_only_over_two_k_values(
+    tmp_path: Path, ks: tuple[int, ...], k_plot: bool
+) -> None:
+    from spectune.bench.plots import write_plots
+
+    rows = [
+        _plot_row(name, category, k, tps)
+        for category in ("all", "translation")
+        for name, k, tps in [
+            ("spectune plain", None, 50.0),
+            ("spectune ngram cost", None, 55.0),
+            *((f"spectune ngram K={k}", k, 50.0 + k) for k in ks),
+        ]
+    ]
+    written = {p.name for p in write_plots(tmp_path, rows)}
+    expected = {"speedup_fp32_T0.png"} | ({"tokens_per_s_vs_k_fp32_T0.png"} if k_plot else set())
+    assert written == expected
+    assert {p.name for p in tmp_path.iterdir()} == expected

@@ -2,9 +2,9 @@
 
 - ``speedup_<dtype>_T<t>.png``: speedup over spectune plain decoding, a heatmap of systems
   against categories with the figure written in each cell.
-- ``tokens_per_s_vs_k_<dtype>_T<t>.png``: tokens/s against fixed K, one line per drafter,
-  with plain decoding, transformers' generate() and the adaptive policies as reference
-  lines.
+- ``tokens_per_s_vs_k_<dtype>_T<t>.png`` (when two fixed K values or more were run):
+  tokens/s against fixed K, one line per drafter, with plain decoding, transformers'
+  generate() and the adaptive policies as reference lines.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _k_plot(rows: Sequence[RowData], path: Path, title: str) -> bool:
 
     overall = [r for r in rows if r["category"] == "all"]
     fixed = [r for r in overall if r["family"] == "spectune" and r["policy"] == "fixed"]
-    if not fixed:
+    if len({r["k"] for r in fixed}) < 2:  # a curve against K needs two K values at least
         return False
     fig, ax = plt.subplots(figsize=(8, 5))
     drafters = sorted({r["drafter"] for r in fixed})
