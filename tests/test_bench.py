@@ -17,7 +17,7 @@ from rich.console import Console
 from bench_fixtures import make_models, make_prompts
 from spectune.bench.assemble import Workbench, build_systems, measure_curves, random_draft
 from spectune.bench.plan import BenchConfig, BenchPrompt, fit_budget
-from spectune.bench.report import COLUMNS, cell
+from spectune.bench.report import COLUMNS, cell, json_text
 from spectune.bench.session import run_session
 from spectune.bench.summary import ALL
 from spectune.bench.systems import CallResult, SpectuneSystem
@@ -97,6 +97,11 @@ def test_bench_writes_every_output(bench_run: Path) -> None:
     assert set(data["curves"]["fp32"]) == {"spectune", "hf"}
     assert data["curves"]["fp32"]["spectune"]["sizes"] == [1, 2, 4, 8, 16]
     assert data["command"].startswith("spectune bench --target ")
+    # One line per raw call (and per row), so a diff shows which call changed.
+    lines = (bench_run / "results.json").read_text().splitlines()
+    records = [v for v in data.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
+    assert len(lines) == 2 + len(data) + sum(1 + len(v) for v in records)
+    assert len(records) >= 2  # the rows and the raw measurements at least
 
 
 def test_greedy_spectune_systems_equal_plain(bench_run: Path) -> None:
@@ -317,3 +322,16 @@ def test_plots_draw_a_k_curve_only_over_two_k_values(
     expected = {"speedup_fp32_T0.png"} | ({"tokens_per_s_vs_k_fp32_T0.png"} if k_plot else set())
     assert written == expected
     assert {p.name for p in tmp_path.iterdir()} == expected
+
+
+def test_results_json_round_trips_with_a_record_per_line() -> None:
+    data = {
+        "command": "spectune bench",
+        "config": {"k": [1, 2], "note": "a\nb"},
+        "rows": [{"system": "plain", "tps": 1.5}, {"system": "ngram", "tps": None}],
+        "empty": [],
+        "mixed": [1, {"a": 2}],
+    }
+    text = json_text(data)
+    assert json.loads(text) == data
+    assert '  {"system":"ngram","tps":null}' in text.splitlines()

@@ -18,7 +18,7 @@ from spectune.bench.runner import Measurement
 from spectune.bench.summary import ALL, Mismatch, Row
 from spectune.control.costs import CostCurve
 
-__all__ = ["COLUMNS", "Column", "cell", "markdown", "results_json", "write_results"]
+__all__ = ["COLUMNS", "Column", "cell", "json_text", "markdown", "results_json", "write_results"]
 
 RowData = Mapping[str, Any]
 
@@ -320,9 +320,27 @@ def _curve_section(curves: dict[str, dict[str, Any]]) -> list[str]:
     ]
 
 
+def json_text(data: Mapping[str, Any]) -> str:
+    """``data`` as JSON with one line per top-level key and, for a list of records (the
+    rows, the raw measurements), one line per record: a diff shows which call changed, and
+    the file is about half the size of an indented dump (a bench of a few thousand calls
+    with their per-step lists is megabytes; results are committed)."""
+
+    def compact(value: Any) -> str:
+        return json.dumps(value, separators=(",", ":"))
+
+    def field(key: str, value: Any) -> str:
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            records = ",\n".join(f"  {compact(v)}" for v in value)
+            return f" {json.dumps(key)}: [\n{records}\n ]"
+        return f" {json.dumps(key)}: {compact(value)}"
+
+    return "{\n" + ",\n".join(field(k, v) for k, v in data.items()) + "\n}\n"
+
+
 def write_results(out: Path, data: dict[str, Any]) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "results.json", out / "results.md"
-    json_path.write_text(json.dumps(data, indent=1))
+    json_path.write_text(json_text(data))
     md_path.write_text(markdown(data))
     return json_path, md_path
