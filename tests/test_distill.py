@@ -3,6 +3,7 @@ exported folders load as drafters that keep the target's greedy output."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,7 @@ def _distill(  # type: ignore[no-untyped-def]
     steps: int,
     *,
     vocab_size: int | None,
+    settings: TrainSettings = SETTINGS,
 ):
     return distill(
         target,
@@ -63,7 +65,7 @@ def _distill(  # type: ignore[no-untyped-def]
         arch,
         out,
         vocab_size=vocab_size,
-        settings=SETTINGS,
+        settings=settings,
         budget=Budget(max_steps=steps),
         heldout_sequences=8,
         training_record={"command": "test"},
@@ -76,16 +78,19 @@ def _drafter(kind: str, folder: Path, target: LlamaLM) -> object:
     return lm_drafter_from_folder(folder, load_model(folder))
 
 
-@pytest.mark.parametrize("kind", ["feature", "lm"])
+@pytest.mark.parametrize(
+    ("kind", "precision"), [("feature", "fp32"), ("lm", "fp32"), ("feature", "bf16")]
+)
 def test_distillation_lowers_kl_and_raises_acceptance(
-    kind: str, toy_target: LlamaLM, corpus: DistillCorpus, tmp_path: Path
+    kind: str, precision: str, toy_target: LlamaLM, corpus: DistillCorpus, tmp_path: Path
 ) -> None:
     arch = DraftArchitecture(
         kind=kind, num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=64
     )
+    settings = dataclasses.replace(SETTINGS, precision=precision)
 
     def run(steps: int, out: Path):  # type: ignore[no-untyped-def]
-        return _distill(toy_target, corpus, arch, out, steps, vocab_size=48)
+        return _distill(toy_target, corpus, arch, out, steps, vocab_size=48, settings=settings)
 
     untrained = run(0, tmp_path / "untrained")
     trained = run(180, tmp_path / "trained")
@@ -128,6 +133,8 @@ def test_training_resumes_from_its_checkpoint(
 def test_budget_needs_a_limit() -> None:
     with pytest.raises(InvalidParameterError):
         Budget()
+    with pytest.raises(InvalidParameterError, match="precision"):
+        TrainSettings(precision="fp16")
     assert Budget(max_steps=0).fraction(0, 0, 0.0) >= 1.0
 
 

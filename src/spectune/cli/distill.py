@@ -12,7 +12,12 @@ from typing import Any
 import torch
 
 from spectune.cli.common import add_device_arg
-from spectune.distill.data import DistillCorpus, GenerationSettings, build_answer_features
+from spectune.distill.data import (
+    PRECISIONS,
+    DistillCorpus,
+    GenerationSettings,
+    build_answer_features,
+)
 from spectune.distill.models import DraftArchitecture
 from spectune.distill.pipeline import CorpusPlan, build_corpora, distill
 from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState
@@ -113,6 +118,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--heldout", type=int, default=48, help="held-out sequences")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="compute precision of the teacher pass that caches states (--answers) and of "
+        "training: bf16 autocasts both (weights and optimizer stay fp32); on a CPU with bf16 "
+        "units (AMX) the teacher pass runs about 4x faster; each precision has its own cache",
+    )
     add_device_arg(parser)
     parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
     parser.add_argument(
@@ -230,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         batch_tokens=args.batch_tokens,
         eval_every=args.eval_every,
         seed=args.seed,
+        precision=args.precision,
     )
     budget = Budget(max_steps=args.steps, max_tokens=args.tokens, max_minutes=args.minutes)
     # The target generates the corpus on --device; the draft trains on the CPU.
@@ -250,12 +264,14 @@ def run(args: argparse.Namespace) -> int:
         if args.answers is not None:
             # Features are cached per answer shard, keyed by what the head reads.
             key = "-".join(map(str, feature_layers)) or "last"
+            key += "" if args.precision == "fp32" else f"-{args.precision}"
             generated, given_heldout = build_answer_features(
                 target.model,
                 args.answers,
                 args.cache_dir / "answer-features" / f"{args.answers.resolve().name}-{key}",
                 layers=feature_layers,
                 max_shards=args.answer_shards,
+                precision=args.precision,
                 on_shard=lambda done, total: on_corpus("features", done, total),
             )
             reference, folders = DistillCorpus([]), list[Path]()

@@ -17,6 +17,7 @@ by the target and the generation settings; a killed run resumes after its last s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
@@ -36,7 +37,9 @@ from spectune.models.tokenizer import Tokenizer
 __all__ = [
     "DistillCorpus",
     "GenerationSettings",
+    "PRECISIONS",
     "build_answer_features",
+    "compute_precision",
     "build_corpus",
     "corpus_from_token_ids",
     "features_of_answers",
@@ -91,6 +94,19 @@ def _encode(item: CorpusItem, tokenizer: Tokenizer, limit: int) -> _Encoded | No
     if len(ids) < 2 or train_from >= len(ids) - 1:
         return None
     return _Encoded(ids, False, train_from)
+
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def compute_precision(precision: str) -> contextlib.AbstractContextManager[object]:
+    """The context distillation computes in: fp32 as is, or bf16 autocast (weights stay
+    fp32; matmuls run on the CPU's bf16 units, AMX / AVX-512 BF16 where it has them)."""
+    if precision not in PRECISIONS:
+        raise InvalidParameterError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
 def _topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -336,6 +352,7 @@ def features_of_answers(
     top_k: int = 32,
     prompt_context: int = 128,
     batch_tokens: int = 4096,
+    precision: str = "fp32",
 ) -> list[dict[str, Tensor]]:
     """Training records of target answers: one teacher-forced pass over prompt + answer.
 
@@ -343,7 +360,10 @@ def features_of_answers(
     last state), ``topk_*`` the soft labels, ``loss_mask`` the positions whose next token
     is the target's answer. Only the last ``prompt_context`` prompt positions are kept
     (the head attends over them; the states were computed with the whole prompt).
+    ``precision`` bf16 runs the pass under bf16 autocast (soft labels and states then
+    carry bf16 rounding; the states are stored in fp16 either way).
     """
+    autocast = compute_precision(precision)
     order = sorted(
         range(len(answers)), key=lambda i: len(answers[i].prompt) + len(answers[i].answer)
     )
@@ -365,7 +385,8 @@ def features_of_answers(
         for row, seq in enumerate(sequences):
             tokens[row, : len(seq)] = torch.tensor(seq)
         positions = torch.arange(longest).expand_as(tokens)
-        logits, states = model.net(tokens, positions, capture=layers)  # causal, no cache
+        with autocast:
+            logits, states = model.net(tokens, positions, capture=layers)  # causal, no cache
         for row, index in enumerate(group):
             answer = answers[index]
             n = len(sequences[row])
@@ -392,6 +413,7 @@ def build_answer_features(
     top_k: int = 32,
     prompt_context: int = 128,
     max_shards: int | None = None,
+    precision: str = "fp32",
     on_shard: Callable[[int, int], None] | None = None,
 ) -> tuple[DistillCorpus, DistillCorpus]:
     """(train, held-out) corpora of the answer corpus in ``answers_folder``: one feature
@@ -414,7 +436,12 @@ def build_answer_features(
             chosen = [a for a in answers if a.split == split]
             if chosen:
                 records = features_of_answers(
-                    model, chosen, layers=layers, top_k=top_k, prompt_context=prompt_context
+                    model,
+                    chosen,
+                    layers=layers,
+                    top_k=top_k,
+                    prompt_context=prompt_context,
+                    precision=precision,
                 )
                 _save_shard(out / split / shard.name, records)
         marker.touch()

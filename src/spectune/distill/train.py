@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from spectune.distill.checkpoint import CurvePoint, TrainState, load_checkpoint, save_checkpoint
-from spectune.distill.data import DistillCorpus
+from spectune.distill.data import DistillCorpus, compute_precision
 from spectune.distill.losses import SoftLabels, feature_regression, kl_to_target, soft_labels
 from spectune.distill.models import TrainableDraft, TrainBatch
 from spectune.errors import InvalidParameterError
@@ -76,8 +76,10 @@ class TrainSettings:
     regression_weight: float = 1.0  # feature drafts only
     eval_every: int = 100
     seed: int = 0
+    precision: str = "fp32"  # or bf16: autocast forward and backward, fp32 weights and optimizer
 
     def __post_init__(self) -> None:
+        compute_precision(self.precision)  # checks the name
         if not 0 < self.learning_rate < math.inf:
             raise InvalidParameterError(f"learning rate must be > 0, got {self.learning_rate}")
         for name in ("batch_tokens", "max_length", "eval_every"):
@@ -140,7 +142,8 @@ def _losses(
 ) -> _BatchLoss:
     """The losses of one batch. Positions of every unrolled draft step count equally in
     the loss; the reported KL and the counters are kept per draft position."""
-    out = draft.train_forward(batch)
+    with compute_precision(settings.precision):
+        out = draft.train_forward(batch)
     rows, cols = out.position_index
     labels = soft_labels(batch.topk_ids[rows, cols], batch.topk_probs[rows, cols], column_of)
     loss = kl_to_target(out.logits, labels)
