@@ -280,6 +280,7 @@ def plot_curve(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     stages = [*earlier, curve]
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
@@ -312,12 +313,13 @@ def plot_curve(
                 label=label if number == len(stages) - 1 else None,
             )
         offset += stage[-1].tokens if stage else 0
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     ax.set_xlabel("training positions seen (all stages)")
     ax.set_ylabel("held-out greedy acceptance\n(teacher-forced prefix)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     if positions > 1:
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
