@@ -49,3 +49,10 @@ def test_generate_json_compare(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["identical_to_plain"] is True
     assert report["speculative"]["tokens"] == report["plain"]["tokens"]
     assert report["text"]
+
+
+def test_default_drafter_is_the_suffix_drafter_only_for_the_default_target() -> None:
+    from spectune.cli.common import default_drafter
+
+    assert default_drafter("default") == "suffix"  # its shipped index serves that vocabulary
+    assert default_drafter("/models/other.gguf") == "ngram"

@@ -62,7 +62,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="drafter: a draft model (.gguf, HF folder, shipped draft name), 'ngram', "
         "'suffix[:INDEX]' (suffix drafting; docs/suffix.md), 'hybrid' or 'suffix+DRAFT', "
-        "or 'none'",
+        "or 'none'. Default: suffix for the default target, else ngram",
     )
     add_runtime_arg(parser)
     add_precision_args(parser)
@@ -144,8 +144,15 @@ def auto_precision(target: str, runtime: str | None, device: torch.device) -> Pr
     return PRECISIONS["fp32"]
 
 
+def default_drafter(target: str) -> str:
+    """The drafter when ``--draft`` is not given: the suffix drafter over the shipped index
+    for the default target (the fastest measured drafter on it on fp32 and int4, README
+    "Results"), else n-gram (it needs nothing built for the target)."""
+    return "suffix" if target == DEFAULT_TARGET else "ngram"
+
+
 def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
-    """The target and the drafter that ``add_model_args`` describe (default drafter: ngram),
+    """The target and the drafter that ``add_model_args`` describe (``default_drafter``),
     at the ``--dtype`` precision on ``--device``."""
     precision, device = precision_from_args(args)
     target = load_target(
@@ -159,7 +166,7 @@ def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
     if getattr(args, "compile", False):  # before the drafter: pairing reads tree_masks
         compile_target(target.model)
     drafter = load_drafter(
-        args.draft or "ngram",
+        args.draft or default_drafter(args.target),
         target,
         dtype=precision.dtype,
         runtime=args.runtime,
