@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from spectune.cli import main
+from spectune.drafters.pairing import Loaded
+from spectune.models.llama import LlamaLM
 from spectune.models.loading import save_native
 from spectune.models.toy import toy_model
 
@@ -51,8 +53,13 @@ def test_generate_json_compare(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["text"]
 
 
-def test_default_drafter_is_the_suffix_drafter_only_for_the_default_target() -> None:
+@pytest.mark.slow
+def test_default_drafter_is_the_suffix_drafter_where_its_index_serves(
+    smollm2: Loaded, toy_target: LlamaLM, tmp_path: Path
+) -> None:
     from spectune.cli.common import default_drafter
+    from spectune.server.testing import toy_tokenizer
 
-    assert default_drafter("default") == "suffix"  # its shipped index serves that vocabulary
-    assert default_drafter("/models/other.gguf") == "ngram"
+    assert default_drafter(smollm2) == "suffix"  # the shipped index has its vocabulary
+    toy = Loaded(toy_target, toy_tokenizer(tmp_path / "tok"), tmp_path / "toy.gguf")
+    assert default_drafter(toy) == "ngram"

@@ -16,6 +16,7 @@ from spectune.drafters.pairing import (
     drafter_summary,
     load_drafter,
     load_target,
+    shipped_suffix_serves,
 )
 from spectune.errors import InvalidParameterError
 from spectune.models.devices import DEVICES, resolve_device
@@ -144,11 +145,12 @@ def auto_precision(target: str, runtime: str | None, device: torch.device) -> Pr
     return PRECISIONS["fp32"]
 
 
-def default_drafter(target: str) -> str:
+def default_drafter(target: Loaded) -> str:
     """The drafter when ``--draft`` is not given: the suffix drafter over the shipped index
-    for the default target (the fastest measured drafter on it on fp32 and int4, README
-    "Results"), else n-gram (it needs nothing built for the target)."""
-    return "suffix" if target == DEFAULT_TARGET else "ngram"
+    where that index serves the target's vocabulary (the default target's; the fastest
+    measured drafter on it on fp32 and int4, README "Results"), else n-gram (it needs
+    nothing built for the target)."""
+    return "suffix" if shipped_suffix_serves(target) else "ngram"
 
 
 def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
@@ -166,7 +168,7 @@ def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
     if getattr(args, "compile", False):  # before the drafter: pairing reads tree_masks
         compile_target(target.model)
     drafter = load_drafter(
-        args.draft or default_drafter(args.target),
+        args.draft or default_drafter(target),
         target,
         dtype=precision.dtype,
         runtime=args.runtime,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spectune.cli.common import add_model_args, default_drafter, parse_numbers
+from spectune.cli.common import add_model_args, parse_numbers
 from spectune.cli.tune_report import print_summary, report_data, report_markdown
 from spectune.control.config import PolicySpec, load_policy_file
 from spectune.control.crossover import runtime_of
@@ -218,8 +218,7 @@ class _Session:
         self.args = args
         self.temperatures = temperatures
         self.console = console
-        drafter_name = args.draft or default_drafter(args.target)
-        console.print(f"loading {args.target} and drafter {drafter_name}")
+        console.print(f"loading {args.target} and drafter {args.draft or '(default)'}")
         self.target, drafter = load_models(args)
         if drafter is None:
             raise InvalidParameterError("tuning needs a drafter (--draft)")

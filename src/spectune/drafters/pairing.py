@@ -68,6 +68,7 @@ __all__ = [
     "load_drafter_at",
     "native_precision",
     "load_suffix_drafter",
+    "shipped_suffix_serves",
     "load_target",
     "compile_target",
     "load_target_at",
@@ -393,6 +394,16 @@ def load_suffix_drafter(index: str, target: Loaded) -> SuffixDrafter:
         target.model.info.name,
     )
     return SuffixDrafter(loaded, name="suffix" if not index else f"suffix:{path.stem}")
+
+
+def shipped_suffix_serves(target: Loaded) -> bool:
+    """Whether the shipped default suffix index was built with ``target``'s vocabulary
+    (only its header is read)."""
+    path = shipped_suffix_index(DEFAULT_SUFFIX_INDEX)
+    if path is None:
+        return False
+    fingerprint = tokenizer_fingerprint(target.tokenizer.token_strings())
+    return SuffixIndex.read_header(path).serves(target.model.info.vocab_size, fingerprint)
 
 
 def with_history(drafter: Drafter | None, history: HistoryStore | None) -> Drafter | None:

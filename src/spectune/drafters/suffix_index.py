@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.npyio import NpzFile
 
 from spectune.drafters import suffix_kernels
 from spectune.errors import IncompatibleModelsError, InvalidParameterError, ModelLoadError
@@ -236,6 +237,22 @@ class IndexHeader:
     def to_json(self) -> str:
         return json.dumps({"format": INDEX_FORMAT, "version": INDEX_VERSION, **vars(self)})
 
+    def serves(self, vocab_size: int, fingerprint: str) -> bool:
+        """Whether the index was built with this vocabulary (size and fingerprint)."""
+        return self.vocab_size == vocab_size and self.tokenizer == fingerprint
+
+
+def _header(path: Path, data: NpzFile) -> IndexHeader:
+    """The validated header of an opened index file (its arrays are read lazily)."""
+    raw = json.loads(bytes(data["header"]).decode())
+    if raw.get("format") != INDEX_FORMAT or raw.get("version") != INDEX_VERSION:
+        raise ModelLoadError(f"{path} is not a version {INDEX_VERSION} suffix index")
+    fields = {k: raw[k] for k in IndexHeader.__dataclass_fields__ if k in raw}
+    try:
+        return IndexHeader(**fields)
+    except TypeError as exc:
+        raise ModelLoadError(f"suffix index {path}: incomplete header") from exc
+
 
 class SuffixIndex:
     """A static corpus index: the longest tail of a context in the corpus, in O(depth log n).
@@ -346,23 +363,25 @@ class SuffixIndex:
     def load(cls, path: Path) -> SuffixIndex:
         try:
             with np.load(path, allow_pickle=False) as data:
-                raw = json.loads(bytes(data["header"]).decode())
+                header = _header(path, data)
                 tokens = np.ascontiguousarray(data["tokens"], dtype=np.int32)
                 order = np.ascontiguousarray(data["order"], dtype=np.int32)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelLoadError(f"cannot read suffix index {path}: {exc}") from exc
-        if raw.get("format") != INDEX_FORMAT or raw.get("version") != INDEX_VERSION:
-            raise ModelLoadError(f"{path} is not a version {INDEX_VERSION} suffix index")
-        fields = {k: raw[k] for k in IndexHeader.__dataclass_fields__ if k in raw}
-        try:
-            header = IndexHeader(**fields)
-        except TypeError as exc:
-            raise ModelLoadError(f"suffix index {path}: incomplete header") from exc
         return cls(tokens, order, header)
+
+    @staticmethod
+    def read_header(path: Path) -> IndexHeader:
+        """The header of the index file at ``path`` alone (the arrays are not read)."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                return _header(path, data)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"cannot read suffix index {path}: {exc}") from exc
 
     def check_vocabulary(self, vocab_size: int, fingerprint: str, target: str) -> None:
         """Raise unless the index was built with this target's vocabulary."""
-        if self.header.vocab_size != vocab_size or self.header.tokenizer != fingerprint:
+        if not self.header.serves(vocab_size, fingerprint):
             raise IncompatibleModelsError(
                 f"suffix index for '{self.header.target}' (vocabulary {self.header.vocab_size}, "
                 f"tokenizer {self.header.tokenizer}) cannot serve '{target}' (vocabulary "
