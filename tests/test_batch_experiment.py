@@ -191,6 +191,32 @@ def test_verification_curves_come_from_this_machine_first_then_the_shipped_file(
     crossover_path().write_text(json.dumps(local))
     mine = load_verify_curve(toy_target.info, "int4")
     assert mine is not None and mine.sizes == (1, 2)
+    local[f"{key}|int4"]["verify_curve_machine"] = "another CPU, 64 cores, 64 threads"
+    crossover_path().write_text(json.dumps(local))
+    shipped_again = load_verify_curve(toy_target.info, "int4", "this CPU, 2 cores, 2 threads")
+    assert shipped_again is not None and shipped_again.sizes == (1, 2, 4)  # not another's
+
+
+def test_a_machine_without_a_curve_of_its_own_measures_it_once(toy_target: LlamaLM) -> None:
+    """Measured, recorded under this machine, then read back without measuring again."""
+    from spectune.control.crossover import (
+        MEASURED_SIZES,
+        crossover_path,
+        curve_for_this_machine,
+        verify_curve_of,
+    )
+    from spectune.models.devices import machine_of
+
+    heard: list[str] = []
+    curve = curve_for_this_machine(toy_target, repeats=1, report=heard.append)
+    assert curve.sizes == MEASURED_SIZES and curve.seconds[0] == 1.0
+    assert len(heard) == 1 and "measured the verification-cost curve" in heard[0]
+    entry = next(iter(json.loads(crossover_path().read_text()).values()))
+    assert entry["verify_curve_machine"] == machine_of(toy_target)
+    again = curve_for_this_machine(toy_target, repeats=1, report=heard.append)
+    assert len(heard) == 1 and again.sizes == curve.sizes  # recorded: not measured again
+    assert again.seconds == pytest.approx(curve.seconds, abs=1e-4)
+    assert verify_curve_of(toy_target) == again
 
 
 @pytest.mark.slow

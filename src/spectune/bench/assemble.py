@@ -31,7 +31,7 @@ from spectune.bench.systems import HFSystem, SpectuneSystem, System, SystemInfo
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.config import PolicySpec, load_policy_file
 from spectune.control.costs import CostCurve, measure_forward_curve
-from spectune.control.crossover import verify_curve_of
+from spectune.control.crossover import curve_for_this_machine
 from spectune.control.registry import build_policy, shared_calibration
 from spectune.drafters.base import Drafter
 from spectune.drafters.model import ModelDrafter
@@ -301,6 +301,8 @@ def load_workbench(
     wants_assistant = hf_target is not None and (
         config.runs("hf-assisted") or config.runs("hf-heuristic")
     )
+    # Before the drafters: a hybrid prices its merged trees with this machine's curve.
+    prior = curve_for_this_machine(loaded.model, report=notes.append) if config.drafters else None
     drafts: list[DraftSource] = []
     for spec in config.drafters:
         if spec == "ngram":
@@ -358,11 +360,10 @@ def load_workbench(
         # chunk a fixed K or an adaptive policy (K <= 8, plus its probe) verifies.
         loaded.model.compile_chunks(max(*config.ks, COMPILED_POLICY_K) + 1)
     curves = measure_curves(loaded.model, hf_target, repeats=curve_repeats)
-    # The adaptive policies start from the curve generate and serve use (recorded for this
-    # runtime), as a user's would; a curve measured in a few seconds at start-up moves
-    # with the machine (int4: two tokens at 1.10x-1.37x one across runs) and only stands in
-    # where none is recorded. Either way the cost policy corrects it from its own steps.
-    prior = verify_curve_of(loaded.model) or curves["spectune"]
+    # The adaptive policies start from the curve generate and serve use (this machine's,
+    # recorded once), as a user's would, not from the bench's own measurement (it moves
+    # between runs: int4 two tokens at 1.10x-1.37x one). The cost policy corrects it from
+    # its own steps either way.
     systems = build_systems(config, loaded.model, hf_target, drafts, notes, prior)
     if on_llamacpp and config.runs(LLAMACPP):
         systems += _anchors(config, loaded, notes)

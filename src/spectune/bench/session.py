@@ -33,6 +33,7 @@ from spectune.bench.runner import (
 )
 from spectune.bench.summary import summarize
 from spectune.bench.systems import SystemInfo
+from spectune.models.devices import cpu_name
 
 __all__ = ["environment", "run_session"]
 
@@ -40,14 +41,7 @@ __all__ = ["environment", "run_session"]
 def environment() -> dict[str, Any]:
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     cores = os.cpu_count() or 0
     return {
         "cpu": cpu,

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from spectune.control.config import PolicySpec
+from spectune.control.crossover import curve_for_this_machine
 from spectune.drafters.base import Drafter
 from spectune.drafters.pairing import (
     Loaded,
@@ -155,7 +156,8 @@ def default_drafter(target: Loaded) -> str:
 
 def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
     """The target and the drafter that ``add_model_args`` describe (``default_drafter``),
-    at the ``--dtype`` precision on ``--device``."""
+    at the ``--dtype`` precision on ``--device``; where it drafts, with the target's
+    verification-cost curve recorded for this machine (measured first if none is)."""
     precision, device = precision_from_args(args)
     target = load_target(
         args.target,
@@ -167,8 +169,11 @@ def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
     )
     if getattr(args, "compile", False):  # before the drafter: pairing reads tree_masks
         compile_target(target.model)
+    spec = args.draft or default_drafter(target)
+    if spec != "none":  # the cost policy and a hybrid price verification with it
+        curve_for_this_machine(target.model, report=lambda line: print(line, file=sys.stderr))
     drafter = load_drafter(
-        args.draft or default_drafter(target),
+        spec,
         target,
         dtype=precision.dtype,
         runtime=args.runtime,

@@ -355,6 +355,7 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
     from spectune.drafters.pairing import compile_target, native_precision
     from spectune.experiments.runtimes import compare_runtimes
     from spectune.models.base import LanguageModel
+    from spectune.models.devices import machine_of
     from spectune.models.llama import COMPILED
 
     # "llamacpp": the GGUF on llama.cpp's kernels (its own tensor types), not a precision;
@@ -429,6 +430,7 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
             r.curve,
             {"verify_curve_command": args.command_line, "verify_curve_measured": measured},
             runtime=runtime_of(model),
+            machine=machine_of(model),
         )
     print(f"recorded the verification curves in {path}")
     return {

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.cli.common import add_precision_args, add_runtime_arg, precision_from_args
+from spectune.control.crossover import curve_for_this_machine
 from spectune.drafters.pairing import is_suffix_spec, load_target
 from spectune.errors import InvalidParameterError
 from spectune.models.loading import resolve_model_path
@@ -94,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         device=device,
         runtime=args.runtime,
     )
+    # Before the candidates load: a hybrid prices its merged trees with this machine's curve.
+    curve_for_this_machine(target.model, report=lambda line: print(line, file=sys.stderr))
     chosen = load_prompts(
         args.prompts,
         split=None if args.split == "all" else args.split,

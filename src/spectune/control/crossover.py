@@ -15,9 +15,17 @@ Where it is looked up, first hit wins:
 
 The verification-cost curve (``load_verify_curve``: what a forward over n tokens costs
 relative to one, ``spectune experiment runtimes``) is kept under the draft-agnostic key of
-each runtime. It is the prior the ``cost`` policy starts from in ``generate`` and ``serve``
-(the bench measures its own): on int4 and llama.cpp verification is dear, and a policy
-that assumed a flat curve speculated for its first steps and lost (the demo on int4: 0.78x).
+each runtime, with the machine it was measured on (``machine_of``: the CPU, its cores and
+torch's threads, or the GPU). It is the prior the ``cost`` policy starts from in
+``generate``, ``serve`` and ``bench``, and what a hybrid drafter prices its merged trees
+with: on int4 and llama.cpp verification is dear, and a policy that assumed a flat curve
+speculated for its first steps and lost (the demo on int4: 0.78x). Its shape is the
+machine's, not the model's alone: fp32 verifies 4 tokens for 0.91x one token's time on the
+2-core AMD EPYC the shipped curves come from and for 1.57x on a 2-core Intel Xeon (AMX),
+2 threads each. So a machine's own measurement is taken where none is recorded
+(``curve_for_this_machine``, a few seconds once per machine, runtime and thread count) and a
+curve recorded on another machine is not used; the shipped curve stands in only where
+nothing is measured.
 
 Keys: the target's name and parameter count, then the drafter's name (``|*`` for a value
 that holds whatever drafts: an older or a draft-agnostic measurement), then the runtime
@@ -29,16 +37,21 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from spectune.control.costs import CostCurve
+from spectune.control.costs import CostCurve, measure_forward_curve
 from spectune.models.base import LanguageModel, ModelInfo
+from spectune.models.devices import machine_of
 from spectune.models.llama import COMPILED
 
 __all__ = [
+    "MEASURED_SIZES",
     "crossover_path",
+    "curve_for_this_machine",
     "load_crossover",
     "load_verify_curve",
     "runtime_of",
@@ -49,6 +62,9 @@ __all__ = [
 
 ANY_DRAFT = "*"
 FP32 = "fp32"
+# Tokens per forward that ``curve_for_this_machine`` times: every chain up to K = 8 plus
+# its pending token, and trees of up to 16 nodes.
+MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17)
 
 
 def runtime_of(model: object) -> str:
@@ -78,9 +94,17 @@ def _read(text: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _curve(data: dict[str, Any], info: ModelInfo, runtime: str) -> CostCurve | None:
+def _curve(
+    data: dict[str, Any], info: ModelInfo, runtime: str, machine: str | None = None
+) -> CostCurve | None:
+    """The curve under ``info``/``runtime`` in ``data``; with ``machine``, only one
+    measured there (an entry that names no machine: an older record of this machine)."""
     entry = data.get(_key(info, None, runtime))
-    found = entry.get("verify_curve") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    if machine is not None and entry.get("verify_curve_machine", machine) != machine:
+        return None
+    found = entry.get("verify_curve")
     if not isinstance(found, dict):
         return None
     sizes, relative = found.get("sizes"), found.get("relative")
@@ -93,15 +117,43 @@ def _curve(data: dict[str, Any], info: ModelInfo, runtime: str) -> CostCurve | N
     return CostCurve(tuple(int(n) for n in sizes), tuple(float(v) for v in relative))
 
 
-def load_verify_curve(info: ModelInfo, runtime: str = FP32) -> CostCurve | None:
+def load_verify_curve(
+    info: ModelInfo, runtime: str = FP32, machine: str | None = None
+) -> CostCurve | None:
     """The recorded verification-cost curve of this target on this runtime (seconds
-    relative to a one-token forward), or None if never measured or unreadable."""
-    return _curve(_local(), info, runtime) or _curve(_shipped(), info, runtime)
+    relative to a one-token forward): this machine's record (with ``machine``: only one
+    measured on it), else the shipped one; None if never measured or unreadable."""
+    return _curve(_local(), info, runtime, machine) or _curve(_shipped(), info, runtime)
 
 
 def verify_curve_of(model: LanguageModel) -> CostCurve | None:
-    """``load_verify_curve`` for a loaded model on the runtime it runs on."""
-    return load_verify_curve(model.info, runtime_of(model))
+    """``load_verify_curve`` for a loaded model on the runtime and machine it runs on."""
+    return load_verify_curve(model.info, runtime_of(model), machine_of(model))
+
+
+def curve_for_this_machine(
+    model: LanguageModel, *, repeats: int = 3, report: Callable[[str], None] | None = None
+) -> CostCurve:
+    """This machine's recorded verification-cost curve of ``model`` on its runtime; where
+    none is recorded, measured now (``MEASURED_SIZES``, ``repeats`` interleaved rounds: a
+    few seconds) and recorded for the next run. ``report`` hears one line when it measures."""
+    runtime, machine = runtime_of(model), machine_of(model)
+    found = _curve(_local(), model.info, runtime, machine)
+    if found is not None:
+        return found
+    started = time.perf_counter()
+    curve = measure_forward_curve(model, MEASURED_SIZES, repeats=repeats)
+    detail: dict[str, object] = {
+        "verify_curve_command": "measured at start-up (curve_for_this_machine)",
+        "verify_curve_measured": time.strftime("%Y-%m-%d"),
+    }
+    path = save_verify_curve(model.info, curve, detail, runtime=runtime, machine=machine)
+    if report is not None:
+        report(
+            f"measured the verification-cost curve of {model.info.name} ({runtime}) on this "
+            f"machine in {time.perf_counter() - started:.1f} s, once: recorded in {path}"
+        )
+    return CostCurve(curve.sizes, tuple(t / curve.seconds[0] for t in curve.seconds))
 
 
 def _lookup(data: dict[str, Any], info: ModelInfo, draft: str | None, runtime: str) -> int | None:
@@ -151,12 +203,22 @@ def save_crossover(
 
 
 def save_verify_curve(
-    info: ModelInfo, curve: CostCurve, detail: dict[str, object], runtime: str = FP32
+    info: ModelInfo,
+    curve: CostCurve,
+    detail: dict[str, object],
+    *,
+    runtime: str = FP32,
+    machine: str,
 ) -> Path:
     """Record this machine's verification-cost curve of a target on a runtime (relative to
-    one token), which ``load_verify_curve`` then prefers to the shipped one."""
+    one token), which ``load_verify_curve`` then prefers to the shipped one on ``machine``
+    (``machine_of``)."""
     relative = [round(s / curve.seconds[0], 4) for s in curve.seconds]
-    entry = {"verify_curve": {"sizes": list(curve.sizes), "relative": relative}, **detail}
+    entry = {
+        "verify_curve": {"sizes": list(curve.sizes), "relative": relative},
+        "verify_curve_machine": machine,
+        **detail,
+    }
     return _store(_key(info, None, runtime), entry)
 
 

@@ -24,9 +24,9 @@ learned from what the target kept:
 
 **Rule** (value per cost, in tokens per target-step time): a step emits its accepted
 tokens plus one. It costs v(d) target steps to verify a d-token draft (the target's
-verification curve on its runtime, ``spectune.control.crossover``: about 1 for any d up to
-8 on fp32 on this CPU, but 1.10 for d = 1 and 1.41 for d = 3 on int4; flat, v = 1, where
-none is known), plus, for a model draft of k tokens, k draft steps of relative cost c (the
+verification curve on its runtime and machine, ``spectune.control.crossover``: about 1
+for any d up to 8 on fp32 on a 2-core AMD EPYC but 1.57 for d = 3 on a 2-core Xeon; 1.10
+for d = 1 and 1.41 for d = 3 on int4 on the EPYC; flat, v = 1, where none is known), plus, for a model draft of k tokens, k draft steps of relative cost c (the
 suffix lookup costs well under 1% of a target step and is left out). The model draft is
 worth its best length, k* = argmax over 1 <= k <= K of (1 + E(k)) / (v(k) + k c) (K: what
 the policy asked for; ties go to the shorter draft): a model whose second token is rarely
@@ -46,7 +46,8 @@ further branches (shared prefixes merged; model nodes first, at most ``MAX_TREE_
 nodes), so the target keeps whichever branch matches its argmax. Greedy verification is
 exact for any tree of candidate tokens (``spectune.verify.tree``), so this stays
 token-for-token equal to plain decoding; the extra nodes cost what the curve says (8
-tokens verify in about 1.08x one token's forward on fp32 on this CPU, 2.1x on int4).
+tokens verify in about 1.08x one token's forward on fp32 on the EPYC, 1.9x on the Xeon,
+2.1x on int4).
 Both sources' statistics learn from such steps: each is credited with the depth of its
 own branch that the target kept. So at T = 0 the choice is between "suffix alone" and
 "suffix plus a model branch", and the model's branch is worth what it adds where the

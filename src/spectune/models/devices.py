@@ -9,11 +9,22 @@ on every device. Feature-head drafts run on the CPU.
 
 from __future__ import annotations
 
+import os
+import platform
+from pathlib import Path
+
 import torch
 
 from spectune.errors import InvalidParameterError
 
-__all__ = ["DEVICES", "VerifyMemory", "model_device", "resolve_device"]
+__all__ = [
+    "DEVICES",
+    "VerifyMemory",
+    "cpu_name",
+    "machine_of",
+    "model_device",
+    "resolve_device",
+]
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -38,6 +49,26 @@ def model_device(model: object) -> torch.device:
     transformers adapter have one), else the CPU."""
     device = getattr(model, "device", None)
     return device if isinstance(device, torch.device) else torch.device("cpu")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_of(model: object) -> str:
+    """What a timing of ``model``'s forwards depends on beyond the model and its runtime:
+    the GPU's name on CUDA, else the CPU's name, its cores and torch's thread count."""
+    device = model_device(model)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_name()}, {os.cpu_count() or 0} cores, {torch.get_num_threads()} threads"
 
 
 class VerifyMemory:
