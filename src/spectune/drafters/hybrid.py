@@ -22,16 +22,16 @@ learned from what the target kept:
   records). A fixed ``draft_cost`` given at construction replaces the measurement.
   Until a model step has been timed, c counts as 0.
 
-**Rule** (value per cost, in tokens per target-step time): a step emits its accepted
-tokens plus one. It costs v(d) target steps to verify a d-token draft (the target's
-verification curve on its runtime and machine, ``spectune.control.crossover``: about 1
-for any d up to 8 on fp32 on a 2-core AMD EPYC but 1.57 for d = 3 on a 2-core Xeon; 1.10
-for d = 1 and 1.41 for d = 3 on int4 on the EPYC; flat, v = 1, where none is known), plus, for a model draft of k tokens, k draft steps of relative cost c (the
-suffix lookup costs well under 1% of a target step and is left out). The model draft is
-worth its best length, k* = argmax over 1 <= k <= K of (1 + E(k)) / (v(k) + k c) (K: what
-the policy asked for; ties go to the shorter draft): a model whose second token is rarely
-kept drafts one token, which costs one draft step, not K. So draft from the suffix source
-when it proposes something (s tokens) and
+**Rule** (value per cost, in tokens per target-step time): a step emits its accepted tokens
+plus one. It costs v(d) target steps to verify a d-token draft (the target's verification
+curve on its runtime and machine, ``spectune.control.crossover``: about 1 for any d up to 8
+on fp32 on a 2-core AMD EPYC but 1.57 for d = 3 on a 2-core Xeon; 1.10 for d = 1 and 1.41
+for d = 3 on int4 on the EPYC; flat, v = 1, where none is known), plus, for a model draft of
+k tokens, k draft steps of relative cost c (the suffix lookup costs well under 1% of a
+target step and is left out). The model draft is worth its best length, k* = argmax over 1
+<= k <= K of (1 + E(k)) / (v(k) + k c) (K: what the policy asked for; ties go to the shorter
+draft): a model whose second token is rarely kept drafts one token, which costs one draft
+step, not K. So draft from the suffix source when it proposes something (s tokens) and
 
     (1 + suffix_calibration * score) / v(s)  >=  (1 + E(k*)) / (v(k*) + k* c)
 
