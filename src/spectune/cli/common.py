@@ -38,6 +38,7 @@ __all__ = [
     "parse_numbers",
     "parse_precision",
     "precision_from_args",
+    "print_notes",
     "print_warning",
     "sampling_from_args",
     "startup_line",
@@ -154,10 +155,12 @@ def default_drafter(target: Loaded) -> str:
     return "suffix" if shipped_suffix_serves(target) else "ngram"
 
 
-def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
+def load_models(args: argparse.Namespace, notes: list[str]) -> tuple[Loaded, Drafter | None]:
     """The target and the drafter that ``add_model_args`` describe (``default_drafter``),
     at the ``--dtype`` precision on ``--device``; where it drafts, with the target's
-    verification-cost curve recorded for this machine (measured first if none is)."""
+    verification-cost curve recorded for this machine (measured first if none is: a line
+    saying so lands in ``notes``, for the caller to print once its input is checked, so a
+    bad input still gets its one error line)."""
     precision, device = precision_from_args(args)
     target = load_target(
         args.target,
@@ -171,7 +174,7 @@ def load_models(args: argparse.Namespace) -> tuple[Loaded, Drafter | None]:
         compile_target(target.model)
     spec = args.draft or default_drafter(target)
     if spec != "none":  # the cost policy and a hybrid price verification with it
-        curve_for_this_machine(target.model, report=lambda line: print(line, file=sys.stderr))
+        curve_for_this_machine(target.model, report=notes.append)
     drafter = load_drafter(
         spec,
         target,
@@ -192,6 +195,12 @@ def startup_line(drafter: Drafter | None, spec: PolicySpec) -> str:
     if drafter is None:
         policy = "no speculation"
     return f"drafter {drafter_summary(drafter)}; {policy}"
+
+
+def print_notes(notes: list[str]) -> None:
+    """``load_models``' notes, one ``spectune: note:`` line each on stderr."""
+    for note in notes:
+        print(f"spectune: note: {note}", file=sys.stderr, flush=True)
 
 
 def print_warning(message: str) -> None:

@@ -15,6 +15,7 @@ from spectune.cli.common import (
     add_model_args,
     add_sampling_args,
     load_models,
+    print_notes,
     print_warning,
     sampling_from_args,
     startup_line,
@@ -185,12 +186,14 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise InvalidParameterError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    target, drafter = load_models(args)
+    notes: list[str] = []
+    target, drafter = load_models(args, notes)
     policy = build_policy(spec, params=params, cost_curve=verify_curve_of(target.model))
     if args.tree_width is not None or args.tree_nodes is not None:
         drafter = tree_drafter(drafter, target.model, args)
     prompt = prompt_tokens(args, target.tokenizer)
     trace = TraceWriter(args.trace) if args.trace else None  # a bad path fails before output
+    print_notes(notes)
     print(f"spectune: {startup_line(drafter, spec)}", file=sys.stderr, flush=True)
     engine = SpeculativeEngine(target.model, drafter)
     info = {

@@ -95,14 +95,16 @@ def run(args: argparse.Namespace) -> int:
         device=device,
         runtime=args.runtime,
     )
-    # Before the candidates load: a hybrid prices its merged trees with this machine's curve.
-    curve_for_this_machine(target.model, report=lambda line: print(line, file=sys.stderr))
     chosen = load_prompts(
         args.prompts,
         split=None if args.split == "all" else args.split,
         limit_per_category=args.per_category,
     )
     prompts = [(p.id, p.category, p.tokens(target.tokenizer)) for p in chosen]
+    # Before the candidates load: a hybrid prices its merged trees with this machine's curve.
+    curve_for_this_machine(
+        target.model, report=lambda line: print(f"spectune: note: {line}", file=sys.stderr)
+    )
     # Piped output gets rich's 80 columns, too narrow for the table: widen it there.
     console = Console() if sys.stdout.isatty() else Console(width=160)
     with Progress(

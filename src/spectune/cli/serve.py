@@ -20,6 +20,7 @@ from spectune.cli.common import (
     add_model_args,
     load_models,
     precision_from_args,
+    print_notes,
     print_warning,
     startup_line,
 )
@@ -159,7 +160,8 @@ def _serve(
 
     if args.suffix_history_tokens < 0:
         raise InvalidParameterError("--suffix-history-tokens must be >= 0")
-    target, drafter = load_models(args)
+    notes: list[str] = []
+    target, drafter = load_models(args, notes)
     if args.suffix_history_tokens > 0:
         drafter = with_history(drafter, HistoryStore(args.suffix_history_tokens))
     draft = DraftSource(drafter)
@@ -200,6 +202,7 @@ def _serve(
             "reach it can use it (set --api-key or SPECTUNE_API_KEY)",
             file=sys.stderr,
         )
+    print_notes(notes)
     print(f"spectune: {startup_line(drafter, spec)}; engine {args.engine}", file=sys.stderr)
     print(
         f"spectune: serving '{name}' (drafter {draft.name or 'none'}, policy {spec.name}, engine "

@@ -219,7 +219,8 @@ class _Session:
         self.temperatures = temperatures
         self.console = console
         console.print(f"loading {args.target} and drafter {args.draft or '(default)'}")
-        self.target, drafter = load_models(args)
+        notes: list[str] = []
+        self.target, drafter = load_models(args, notes)
         if drafter is None:
             raise InvalidParameterError("tuning needs a drafter (--draft)")
         self.drafter = drafter
@@ -233,6 +234,8 @@ class _Session:
         )
         test = load_bench_prompts(tokenizer, args.prompts, categories=categories, split="test")
         self.held_out = _round_robin(test, args.confirm_prompts)
+        for note in notes:  # after the input is checked (``load_models``)
+            console.print(f"note: {note}")
 
     def context(self) -> dict[str, Any]:
         return {
