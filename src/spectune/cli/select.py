@@ -7,7 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spectune.cli.common import add_precision_args, add_runtime_arg, precision_from_args
+from spectune.cli.common import (
+    add_precision_args,
+    add_runtime_arg,
+    precision_from_args,
+    print_notes,
+)
 from spectune.control.crossover import curve_for_this_machine
 from spectune.drafters.pairing import is_suffix_spec, load_target
 from spectune.errors import InvalidParameterError
@@ -102,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
     )
     prompts = [(p.id, p.category, p.tokens(target.tokenizer)) for p in chosen]
     # Before the candidates load: a hybrid prices its merged trees with this machine's curve.
-    curve_for_this_machine(
-        target.model, report=lambda line: print(f"spectune: note: {line}", file=sys.stderr)
-    )
+    notes: list[str] = []
+    curve_for_this_machine(target.model, report=notes.append)
+    print_notes(notes)
     # Piped output gets rich's 80 columns, too narrow for the table: widen it there.
     console = Console() if sys.stdout.isatty() else Console(width=160)
     with Progress(
