@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from spectune.cli import main
 from spectune.control.crossover import load_crossover, save_crossover
@@ -52,6 +53,7 @@ def test_runtimes_experiment_records_each_runtimes_curve_for_this_machine(
     curve where generate and serve start the cost policy from."""
     from spectune.control.crossover import load_verify_curve
     from spectune.experiments.common import toy_setup
+    from spectune.models.devices import machine_of
 
     out = private_cache / "runtimes.json"
     argv = ["experiment", "runtimes", "--toy", "--precisions", "fp32,bf16", "--max-tokens", "4"]
@@ -59,9 +61,9 @@ def test_runtimes_experiment_records_each_runtimes_curve_for_this_machine(
     report = json.loads(out.read_text())
     assert [r["precision"] for r in report["runtimes"]] == ["fp32", "bf16"]
     assert "recorded the verification curves" in capsys.readouterr().out
-    info = toy_setup().target.info
+    target = toy_setup().target
     for runtime in ("fp32", "bf16"):
-        curve = load_verify_curve(info, runtime)
+        curve = load_verify_curve(target.info, runtime, machine_of(target))
         assert curve is not None and curve.seconds[0] == 1.0 and len(curve.sizes) > 4
 
 
@@ -211,12 +213,21 @@ def test_a_machine_without_a_curve_of_its_own_measures_it_once(toy_target: Llama
     curve = curve_for_this_machine(toy_target, repeats=1, report=heard.append)
     assert curve.sizes == MEASURED_SIZES and curve.seconds[0] == 1.0
     assert len(heard) == 1 and "measured the verification-cost curve" in heard[0]
-    entry = next(iter(json.loads(crossover_path().read_text()).values()))
+    (entry,) = json.loads(crossover_path().read_text()).values()
     assert entry["verify_curve_machine"] == machine_of(toy_target)
     again = curve_for_this_machine(toy_target, repeats=1, report=heard.append)
     assert len(heard) == 1 and again.sizes == curve.sizes  # recorded: not measured again
     assert again.seconds == pytest.approx(curve.seconds, abs=1e-4)
     assert verify_curve_of(toy_target) == again
+    threads = torch.get_num_threads()
+    try:  # another thread count is another machine: measured, beside this one's
+        torch.set_num_threads(threads + 1)
+        curve_for_this_machine(toy_target, repeats=1, report=heard.append)
+        assert len(heard) == 2
+    finally:
+        torch.set_num_threads(threads)
+    curve_for_this_machine(toy_target, repeats=1, report=heard.append)
+    assert len(heard) == 2  # the first machine's curve is still recorded
 
 
 @pytest.mark.slow

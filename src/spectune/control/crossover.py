@@ -94,12 +94,21 @@ def _read(text: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _machine_key(info: ModelInfo, runtime: str, machine: str) -> str:
+    """Where this machine's curve is kept: one entry per machine (thread counts apart), so
+    runs with other threads do not measure over each other's curve."""
+    return f"{_key(info, None, runtime)}@{machine}"
+
+
 def _curve(
     data: dict[str, Any], info: ModelInfo, runtime: str, machine: str | None = None
 ) -> CostCurve | None:
     """The curve under ``info``/``runtime`` in ``data``; with ``machine``, only one
-    measured there (an entry that names no machine: an older record of this machine)."""
-    entry = data.get(_key(info, None, runtime))
+    measured there (its own entry, else an entry that names no machine: an older record
+    of this machine)."""
+    entry = data.get(_machine_key(info, runtime, machine)) if machine is not None else None
+    if not isinstance(entry, dict):
+        entry = data.get(_key(info, None, runtime))
     if not isinstance(entry, dict):
         return None
     if machine is not None and entry.get("verify_curve_machine", machine) != machine:
@@ -219,7 +228,7 @@ def save_verify_curve(
         "verify_curve_machine": machine,
         **detail,
     }
-    return _store(_key(info, None, runtime), entry)
+    return _store(_machine_key(info, runtime, machine), entry)
 
 
 def _store(key: str, fields: dict[str, object]) -> Path:
