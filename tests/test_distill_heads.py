@@ -4,7 +4,6 @@ greedy equality, on the real one."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -28,8 +27,9 @@ from spectune.distill.models import DraftArchitecture, FeatureDraftModel, unroll
 from spectune.distill.pipeline import column_map, distill
 from spectune.distill.train import Budget, TrainSettings, iterate_batches
 from spectune.drafters.feature import FeatureDrafter
-from spectune.drafters.loading import feature_drafter_from_folder
+from spectune.drafters.loading import feature_drafter_from_folder, load_feature_head
 from spectune.models.llama import LlamaLM
+from spectune.models.quant import Int8Linear
 from spectune.models.toy import toy_config, toy_model
 from spectune.sampling import SamplingParams
 from spectune.select.alpha import make_continuations, restate
@@ -112,9 +112,8 @@ def test_training_time_test_lowers_the_loss_at_later_draft_positions(
 
 
 @pytest.fixture(scope="module")
-def fused_drafter(
-    fused_target: LlamaLM, tmp_path_factory: pytest.TempPathFactory
-) -> FeatureDrafter:
+def fused_folder(fused_target: LlamaLM, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fused head distilled for ``fused_target``: its draft folder."""
     folder = tmp_path_factory.mktemp("fused-head")
     distill(
         fused_target,
@@ -127,7 +126,13 @@ def fused_drafter(
         heldout_sequences=8,
         training_record={},
     )
-    return feature_drafter_from_folder(folder / "draft", fused_target)
+    return folder / "draft"
+
+
+@pytest.fixture(scope="module")
+def fused_drafter(fused_target: LlamaLM, fused_folder: Path) -> FeatureDrafter:
+    """The head as loaded for use: on int8 kernels beside this fp32 target."""
+    return feature_drafter_from_folder(fused_folder, fused_target)
 
 
 def test_fused_head_reads_the_exposed_layers(
@@ -225,14 +230,14 @@ def test_fused_head_speculation_emits_the_target_distribution(
 
 
 @pytest.mark.slow
-def test_a_quantised_fused_head_keeps_speculation_lossless(
-    fused_target: LlamaLM, fused_drafter: FeatureDrafter
+def test_a_float_fused_head_keeps_speculation_lossless(
+    fused_target: LlamaLM, fused_folder: Path
 ) -> None:
-    """The head on weight-only kernels (as it runs beside an int8 / int4 target): the same
-    chi-square test, its own seed, false-failure probability 1e-4."""
-    head = copy.deepcopy(fused_drafter.head)
-    head.quantize("int8")
-    drafter = FeatureDrafter(head, fused_drafter.vocab_subset)
+    """The head with its trained float weights (as distillation evaluates it; loaded for use
+    it runs on int8 kernels, the test above): the same chi-square test, its own seed,
+    false-failure probability 1e-4."""
+    head, subset = load_feature_head(fused_folder, fused_target.net)
+    drafter = FeatureDrafter(head.eval(), subset)
     pvalue, accepted = first_two_tokens_pvalue(fused_target, drafter, runs=4_000, seed=37)
     assert accepted > 500
     assert pvalue > ALPHA, pvalue
@@ -312,6 +317,9 @@ def test_distill_command_trains_a_fused_head_on_an_answer_corpus_and_it_loads(
     assert isinstance(drafter, FeatureDrafter)
     assert drafter.head.cfg.feature_layers == (0, 1)
     assert fresh.model.feature_layers == (0, 1)  # loading wired the target's layers
+    # Beside an fp32 target the head runs on int8 weight-only kernels (``head_kernels``).
+    assert drafter.head.output is not None
+    assert any(isinstance(m, Int8Linear) for m in drafter.head.modules())
     prompt = fresh.tokenizer.encode_chat([{"role": "user", "content": "w5 w6 w7"}])
     params = SamplingParams(max_tokens=16)
     plain = SpeculativeEngine(fresh.model).run(prompt, params, policy=FixedK(0)).tokens

@@ -1,6 +1,9 @@
-# Run: PYTHONPATH=src MKL_CBWR=AVX2 python docs/results/head-kernels/step_times.py THREADS [DRAFT_FOLDER]
-# (the README figures: 1 thread, the stage-1 head, a busy machine)
-"""Head step cost and top-1 agreement: fp32 head vs int8 / int4 head, beside an int4 target step."""
+# Run: PYTHONPATH=src python docs/results/head-kernels/step_times.py THREADS [DRAFT_FOLDER [TARGET_PRECISION]]
+# (MKL_CBWR=AVX2 on an AMD CPU; the README figures: 1 thread, the stage-1 head, a busy machine;
+# the head_kernels docstring: 2 threads, the stage-4 head, fp32 target, 2026-12-04 Intel Xeon)
+"""Head step cost and top-1 agreement: fp32 head vs int8 / int4 head, beside a target step
+(int4 unless TARGET_PRECISION says otherwise). The agreement is over a chat prompt followed by
+60 random tokens, a harsher input than text."""
 from pathlib import Path
 import copy, time, sys
 import torch
@@ -9,7 +12,8 @@ from spectune.drafters.pairing import load_target_at
 from spectune.drafters.loading import load_feature_head
 from spectune.models.shipped import shipped_draft_path
 
-t = load_target_at("default", "int4")
+precision = sys.argv[3] if len(sys.argv) > 3 else "int4"
+t = load_target_at("default", precision)
 net = t.model.net
 head, subset = load_feature_head(Path(sys.argv[2]) if len(sys.argv) > 2 else shipped_draft_path("smollm2-draft"), net)
 head = head.eval()
@@ -46,7 +50,7 @@ with torch.inference_mode():
             s = time.perf_counter(); f = h(x, p, c); h.logits(f); times.append(time.perf_counter() - s)
         times.sort()
         print(f"{name} head step: median {1000*times[100]:.2f} ms  p10 {1000*times[20]:.2f}")
-    # int4 target one-token step
+    # the target's one-token step
     c = t.model.new_cache(1, 512)
     t.model.forward(torch.tensor([ids[:40]]), c)
     times = []
@@ -54,4 +58,4 @@ with torch.inference_mode():
         c.truncate(40, 0) if hasattr(c, "truncate") else None
         s = time.perf_counter(); t.model.forward(torch.tensor([[ids[40]]]), c); times.append(time.perf_counter() - s)
     times.sort()
-    print(f"int4 target step: median {1000*times[25]:.2f} ms")
+    print(f"{precision} target step: median {1000*times[25]:.2f} ms")

@@ -32,12 +32,13 @@ from spectune.models.base import LanguageModel
 from spectune.models.feature_head import FeatureHead, FeatureHeadConfig
 from spectune.models.llama import LlamaLM, LlamaTransformer
 from spectune.models.llamacpp import refuse_feature_head
-from spectune.models.quant import QUANT_MODES
+from spectune.models.quant import QuantMode
 
 __all__ = [
     "DRAFT_META_FILE",
     "DraftMeta",
     "feature_drafter_from_folder",
+    "head_kernels",
     "load_feature_head",
     "not_distilled_for",
     "read_draft_meta",
@@ -134,18 +135,24 @@ def feature_drafter_from_folder(path: Path, target: LanguageModel) -> FeatureDra
         )
     head, subset = load_feature_head(path, target.net)
     head = head.to(target.dtype)
-    # On a quantised target the head takes the same kernels: its step stays as small a
-    # share of a target step as on fp32 (measured on the default pair: teacher-forced
-    # first-token acceptance 0.314 fp32, 0.311 int8, 0.312 int4 weights; a step 4.3, 1.8
-    # and 1.0 ms against 42 ms for the int4 target, one thread; docs/results/head-kernels).
-    if target.precision in QUANT_MODES:
-        head.quantize(target.precision)
+    head.quantize(head_kernels(target.precision))
     if head.cfg.feature_layers:
         try:
             target.expose_layers(head.cfg.feature_layers)  # the head reads these target layers
         except ValueError as exc:
             raise IncompatibleModelsError(f"feature draft {path.name}: {exc}") from exc
     return FeatureDrafter(head, subset, name=f"feature:{path.name}")
+
+
+def head_kernels(target_precision: str) -> QuantMode:
+    """The weight-only kernels a feature head runs on beside a target of this precision:
+    int4 beside an int4 target, else int8 (fp32, bf16 and int8 targets). The head is read in
+    full for every draft token, so its bytes are its cost (c): int8 reads a quarter of
+    fp32's and leaves its drafts nearly unchanged (docs/results/head-kernels: teacher-forced
+    first-token acceptance 0.314 fp32, 0.311 int8, 0.312 int4; a step of the stage-4 head
+    1.15 ms fp32, 0.72 int8, 0.62 int4 against 27 ms for the fp32 target, two threads).
+    Verification is exact whatever the head's weights, so this changes no output."""
+    return "int4" if target_precision == "int4" else "int8"
 
 
 def load_feature_head(path: Path, net: LlamaTransformer) -> tuple[FeatureHead, Tensor | None]:
