@@ -3,6 +3,7 @@ own, shards that resume after an interrupted run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -158,3 +159,37 @@ def test_held_out_split_is_fixed_by_id() -> None:
 def test_missing_corpus_folder_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(InvalidParameterError, match="not found"):
         list(read_answers(tmp_path / "nowhere"))
+
+
+def test_prompt_mix_2_adds_closed_book_questions_and_translations_into_english(
+    toy_target: LlamaLM, tokenizer: Tokenizer, seeds: SeedData, tmp_path: Path
+) -> None:
+    def items(mix: int) -> tuple[list[tuple[str, str]], list[str], set[str]]:
+        folder = tmp_path / f"mix{mix}"
+        settings = dataclasses.replace(SETTINGS, items_per_shard=24, prompt_mix=mix)
+        build_shards(toy_target, tokenizer, seeds, folder, range(3), settings)
+        answers = list(read_answers(folder))
+        by_id = {a.id: a for a in answers}
+        english = []  # (the target's translation, the prompt that translates it back)
+        for a in answers:
+            if a.id.endswith("-en/translation"):
+                first = by_id[a.id.replace("-en/", "/")]
+                text = tokenizer.hf.decode(list(first.answer), skip_special_tokens=True).strip()
+                english.append((text, tokenizer.hf.decode(list(a.prompt))))
+        asked = [a.id.split("/")[0] for a in answers if a.category == "question_answering"]
+        written = {a.id.split("/")[0] for a in answers if a.category == "writing"}
+        return english, asked, written
+
+    english, asked, written = items(2)
+    # The toy tokenizer reads a word glued to a quote or colon as <unk>: compare the inner words.
+    inner = [(" ".join(text.split()[1:-1]), prompt) for text, prompt in english]
+    assert any(words for words, _ in inner)
+    assert all(words in prompt for words, prompt in inner)
+    assert any(item in written for item in asked)  # a question written from a document
+    english, asked, written = items(1)
+    assert not english and not any(item in written for item in asked)
+
+
+def test_an_unknown_prompt_mix_is_a_one_line_error() -> None:
+    with pytest.raises(InvalidParameterError, match="prompt mix"):
+        CorpusSettings(prompt_mix=3)

@@ -10,7 +10,13 @@ from typing import Any
 
 import torch
 
-from spectune.distill.corpus import CorpusSettings, SeedData, build_shards, corpus_stats
+from spectune.distill.corpus import (
+    PROMPT_MIXES,
+    CorpusSettings,
+    SeedData,
+    build_shards,
+    corpus_stats,
+)
 from spectune.drafters.pairing import load_target
 from spectune.errors import InvalidParameterError
 
@@ -54,6 +60,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-answer-tokens", type=int, default=CorpusSettings.max_answer_tokens)
     parser.add_argument("--batch", type=int, default=CorpusSettings.max_batch)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--prompt-mix",
+        type=int,
+        choices=PROMPT_MIXES,
+        default=CorpusSettings.prompt_mix,
+        help="which prompts (spectune.distill.corpus): 1 = the committed shards 0-57, 2 = adds "
+        "closed-book questions and translations into English (default)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--stats", action="store_true", help="only count what --out holds")
     parser.set_defaults(run=run)
@@ -83,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         max_answer_tokens=args.max_answer_tokens,
         max_batch=args.batch,
         seed=args.seed,
+        prompt_mix=args.prompt_mix,
     )
     start = time.perf_counter()
     positions = 0

@@ -15,6 +15,21 @@ from a passage) plus open chat and code, and every answer in it is the target's 
   training answers too (category ``writing``).
 - **Seeds.** GSM8K questions (math) and Alpaca seed instructions from ``shared/data``.
 
+Prompt mixes (``CorpusSettings.prompt_mix``, in every shard's metadata). Mix 1 built shards
+0-57 of the committed corpus; its questions were the model's own user turns ("Which
+superhero has the most synonyms?") and its translations went from English into eight
+languages, Chinese and Japanese included, so the test split's everyday questions and its
+translations into English had nothing like them (first-token acceptance there 0.37 and
+0.35 against 0.58-0.65 for code and math). Mix 2, the default:
+
+- **Closed-book questions.** Half the question-answering items ask a question the model
+  wrote from a document it wrote (as for passage answering), without the document.
+- **Into English.** Half the translation items are translated back: the target's own
+  translation becomes the text of a "translate into English" prompt (a second record).
+- **Languages.** Only those the target writes (French and Spanish twice as often as
+  German, Italian and Portuguese); mix 1's Chinese and Japanese answers were mostly one
+  repeated character.
+
 Answers are decoded with spectune's batched runtime (``BatchEngine``, plain decoding,
 continuous batching), each greedy or at T = 0.7 (half and half). Work is cut into shards
 of ``items_per_shard`` items; everything in shard ``s`` follows from ``(seed, s)``, a shard
@@ -51,6 +66,7 @@ from spectune.sampling import SamplingParams
 
 __all__ = [
     "CATEGORY_SHARES",
+    "PROMPT_MIXES",
     "Answer",
     "CorpusSettings",
     "SeedData",
@@ -74,6 +90,9 @@ CATEGORY_SHARES: dict[str, float] = {
 }
 
 ANSWER_TEMPERATURES = (0.0, 0.7)
+PROMPT_MIXES = (1, 2)
+CLOSED_BOOK_SHARE = 0.5  # mix 2: question-answering items asked from a written document
+INTO_ENGLISH_SHARE = 0.5  # mix 2: translation items translated back into English
 _NEEDS_DOCUMENT = frozenset({"summarization", "retrieval_qa", "translation"})
 HELDOUT_MODULUS = 50  # 1 in 50 records is held out for evaluation
 
@@ -175,6 +194,9 @@ _LANGUAGES = (
     "Chinese",
     "Japanese",
 )
+# Prompt mix 2: the languages the 135M target writes at all (its Chinese and Japanese
+# answers in mix 1 were mostly one repeated character), weighted towards French and Spanish.
+_WRITTEN_LANGUAGES = ("French", "French", "Spanish", "Spanish", "German", "Italian", "Portuguese")
 _TRANSLATE = (
     'Translate into {lang}: "{text}"',
     "Translate the following text into {lang}:\n\n{text}",
@@ -219,6 +241,16 @@ class CorpusSettings:
     max_turn_tokens: int = 64
     max_batch: int = 24
     seed: int = 0
+    # Which prompts (module docstring): 1 = shards 0-57 of the committed corpus; 2 adds
+    # closed-book questions and translations into English, and drops Chinese / Japanese.
+    prompt_mix: int = 2
+
+    def __post_init__(self) -> None:
+        if self.prompt_mix not in PROMPT_MIXES:
+            raise InvalidParameterError(
+                f"prompt mix must be one of {', '.join(map(str, PROMPT_MIXES))}, "
+                f"got {self.prompt_mix}"
+            )
 
 
 @dataclass(frozen=True)
@@ -345,6 +377,8 @@ class _Item:
     question: str = ""
     template: str = ""
     opener: str = ""
+    closed_book: bool = False  # a question written from a document, asked without it
+    into_english: bool = False  # the translation is then translated back into English
 
 
 class _Writer:
@@ -504,8 +538,13 @@ class _Shard:
 
         # Round 1: the model writes first user turns and writing requests.
         needs_turn = []
+        mix = self.settings.prompt_mix
         for it in items:
-            if it.category in ("summarization", "retrieval_qa"):
+            if mix >= 2 and it.category == "question_answering":
+                it.closed_book = rng.random() < CLOSED_BOOK_SHARE
+            if mix >= 2 and it.category == "translation":
+                it.into_english = rng.random() < INTO_ENGLISH_SHARE
+            if it.category in ("summarization", "retrieval_qa") or it.closed_book:
                 it.opener = rng.choice(_OPENERS["document"])
             elif it.category == "translation":
                 if self.seeds.math_questions and rng.random() < 0.3:
@@ -535,7 +574,7 @@ class _Shard:
         # Round 2: answers to everything that is a complete chat now, and the documents.
         # A document request is answered at T = 0.7 (varied texts) and kept as "writing".
         first = [it for it in items if it.messages]
-        documents = [it.category in _NEEDS_DOCUMENT for it in first]
+        documents = [it.category in _NEEDS_DOCUMENT or it.closed_book for it in first]
         texts = self._answer(
             first,
             [self.writer.chat_prompt(it.messages) for it in first],
@@ -561,7 +600,9 @@ class _Shard:
         ):
             if turn:
                 it.messages.append({"role": "user", "content": turn})
-        passages = [it for it in items if it.category == "retrieval_qa" and it.document]
+        passages = [
+            it for it in items if (it.category == "retrieval_qa" or it.closed_book) and it.document
+        ]
         asks = [
             self.writer.chat_prompt(
                 [{"role": "user", "content": _ASK_QUESTION.format(text=it.document)}]
@@ -586,13 +627,16 @@ class _Shard:
                 content = template.format(text=it.document, n=rng.choice(("two", "three", "2")))
             elif it.category == "retrieval_qa" and it.document and it.question:
                 content = rng.choice(_PASSAGE).format(text=it.document, q=it.question)
+            elif it.closed_book and it.question:
+                content = it.question
             elif it.category == "translation" and it.document:
                 text = (
                     it.document
                     if len(it.document) < 600
                     else it.document[:600].rsplit(".", 1)[0] + "."
                 )
-                content = rng.choice(_TRANSLATE).format(lang=rng.choice(_LANGUAGES), text=text)
+                languages = _LANGUAGES if mix == 1 else _WRITTEN_LANGUAGES
+                content = rng.choice(_TRANSLATE).format(lang=rng.choice(languages), text=text)
             elif it.category == "multi_turn_chat" and len(it.messages) == 3:
                 final.append(it)
                 continue
@@ -600,12 +644,36 @@ class _Shard:
                 continue
             it.messages = [{"role": "user", "content": content}]
             final.append(it)
-        self._answer(
+        texts = self._answer(
             final,
             [self.writer.chat_prompt(it.messages) for it in final],
             [it.category for it in final],
             [it.temperature for it in final],
             [self.settings.max_answer_tokens] * len(final),
+        )
+
+        # Round 5 (mix 2): the target's own translations, translated back into English.
+        back = [
+            _Item(
+                f"{it.id}-en",
+                "translation",
+                it.temperature,
+                [
+                    {
+                        "role": "user",
+                        "content": rng.choice(_TRANSLATE).format(lang="English", text=text),
+                    }
+                ],
+            )
+            for it, text in zip(final, texts, strict=True)
+            if it.into_english and text
+        ]
+        self._answer(
+            back,
+            [self.writer.chat_prompt(it.messages) for it in back],
+            ["translation"] * len(back),
+            [it.temperature for it in back],
+            [self.settings.max_answer_tokens] * len(back),
         )
         return self.answers
 
