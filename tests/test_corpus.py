@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,8 +163,24 @@ def test_missing_corpus_folder_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_prompt_mix_2_adds_closed_book_questions_and_translations_into_english(
-    toy_target: LlamaLM, tokenizer: Tokenizer, seeds: SeedData, tmp_path: Path
+    toy_target: LlamaLM,
+    tokenizer: Tokenizer,
+    seeds: SeedData,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The toy model writes no "?" and seldom ends an answer: take any written line as the
+    # question and every answer as finished, so each step of the rounds has its input.
+    real_decode, real_question = corpus_module._decode_all, corpus_module._first_question
+
+    def finished(*args: Any) -> list[tuple[list[int], str]]:
+        return [(tokens, "eos") for tokens, _ in real_decode(*args)]
+
+    monkeypatch.setattr(corpus_module, "_decode_all", finished)
+    monkeypatch.setattr(
+        corpus_module, "_first_question", lambda text, asked=False: real_question(text)
+    )
+
     def items(mix: int) -> tuple[list[tuple[str, str]], list[str], set[str]]:
         folder = tmp_path / f"mix{mix}"
         settings = dataclasses.replace(SETTINGS, items_per_shard=24, prompt_mix=mix)
@@ -193,3 +210,10 @@ def test_prompt_mix_2_adds_closed_book_questions_and_translations_into_english(
 def test_an_unknown_prompt_mix_is_a_one_line_error() -> None:
     with pytest.raises(InvalidParameterError, match="prompt mix"):
         CorpusSettings(prompt_mix=3)
+
+
+def test_a_closed_book_question_is_a_line_that_asks() -> None:
+    written = "Here is a question.\nWhat keeps a plane in the air?\nIt is lift."
+    assert corpus_module._first_question(written) == "Here is a question."
+    assert corpus_module._first_question(written, asked=True) == "What keeps a plane in the air?"
+    assert corpus_module._first_question("Dear Sarah,\nThanks!", asked=True) == ""

@@ -225,6 +225,24 @@ _MATH_SUFFIX = (
     " Explain your answer.",
     " Think step by step.",
 )
+_INTO_ENGLISH = (
+    'Translate into English: "{text}"',
+    'Translate this into English: "{text}"',
+    "Translate the following text into English:\n\n{text}",
+)
+# Mix 2's closed-book questions come from texts that inform (not emails or stories).
+_INFORMING = (
+    "Write a short article about",
+    "Write a paragraph about",
+    "Explain in a few paragraphs",
+    "Write a short essay about",
+    "Write a short history of",
+    "Write a short report on",
+)
+_ASK_GENERAL = (
+    "Write one general question about the topic of the text below, a question someone could "
+    "ask without having read it. Reply with the question only.\n\n{text}"
+)
 _ASK_QUESTION = (
     "Write one question that can be answered using only the text below. Reply with the "
     "question only.\n\n{text}"
@@ -421,11 +439,13 @@ def _clean_turn(opener: str, written: str) -> str:
     return re.sub(r"[ \t]+\n", "\n", (opener + written).strip())
 
 
-def _first_question(text: str) -> str:
+def _first_question(text: str, *, asked: bool = False) -> str:
+    """The first line of the written question; ``asked``: the first that ends in "?" (a
+    closed-book question must stand alone)."""
     for line in text.splitlines():
         line = line.strip().strip('"').strip()
         line = re.sub(r"^(Question:|Q:)\s*", "", line)
-        if len(line) > 8:
+        if len(line) > 8 and (line.endswith("?") or not asked):
             return line
     return ""
 
@@ -510,8 +530,11 @@ class _Shard:
         categories: list[str],
         temperatures: list[float],
         max_tokens: list[int],
+        *,
+        complete_only: bool = False,
     ) -> list[str]:
-        """Decode the target's answers to ``prompts`` and keep each as a training record."""
+        """Decode the target's answers to ``prompts`` and keep each as a training record;
+        returns their texts ("" for an answer cut by the token limit if ``complete_only``)."""
         requests = [
             _Request(p, t, n, self._seed())
             for p, t, n in zip(prompts, temperatures, max_tokens, strict=True)
@@ -522,6 +545,9 @@ class _Shard:
             items, prompts, categories, temperatures, outs, strict=True
         ):
             self._record(it.id, c, t, p, tokens, finish)
+            if complete_only and finish == "length":
+                texts.append("")
+                continue
             texts.append(self.writer.text(tokens, whole_sentences=finish == "length").strip())
         return texts
 
@@ -544,7 +570,9 @@ class _Shard:
                 it.closed_book = rng.random() < CLOSED_BOOK_SHARE
             if mix >= 2 and it.category == "translation":
                 it.into_english = rng.random() < INTO_ENGLISH_SHARE
-            if it.category in ("summarization", "retrieval_qa") or it.closed_book:
+            if it.closed_book:
+                it.opener = rng.choice(_INFORMING)
+            elif it.category in ("summarization", "retrieval_qa"):
                 it.opener = rng.choice(_OPENERS["document"])
             elif it.category == "translation":
                 if self.seeds.math_questions and rng.random() < 0.3:
@@ -605,7 +633,14 @@ class _Shard:
         ]
         asks = [
             self.writer.chat_prompt(
-                [{"role": "user", "content": _ASK_QUESTION.format(text=it.document)}]
+                [
+                    {
+                        "role": "user",
+                        "content": (_ASK_GENERAL if it.closed_book else _ASK_QUESTION).format(
+                            text=it.document
+                        ),
+                    }
+                ]
             )
             for it in passages
         ]
@@ -617,7 +652,7 @@ class _Shard:
             [self.settings.max_turn_tokens] * len(passages),
         )
         for it, text in zip(passages, questions, strict=True):
-            it.question = _first_question(text)
+            it.question = _first_question(text, asked=it.closed_book)
 
         # Round 4: the final prompts of the tasks that needed a document or a follow-up.
         final: list[_Item] = []
@@ -650,9 +685,11 @@ class _Shard:
             [it.category for it in final],
             [it.temperature for it in final],
             [self.settings.max_answer_tokens] * len(final),
+            complete_only=True,
         )
 
-        # Round 5 (mix 2): the target's own translations, translated back into English.
+        # Round 5 (mix 2): the target's own translations, translated back into English
+        # (those it finished: one cut by the token limit is mostly a repeated phrase).
         back = [
             _Item(
                 f"{it.id}-en",
@@ -661,7 +698,7 @@ class _Shard:
                 [
                     {
                         "role": "user",
-                        "content": rng.choice(_TRANSLATE).format(lang="English", text=text),
+                        "content": rng.choice(_INTO_ENGLISH).format(text=text),
                     }
                 ],
             )
