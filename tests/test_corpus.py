@@ -217,3 +217,9 @@ def test_a_closed_book_question_is_a_line_that_asks() -> None:
     assert corpus_module._first_question(written) == "Here is a question."
     assert corpus_module._first_question(written, asked=True) == "What keeps a plane in the air?"
     assert corpus_module._first_question("Dear Sarah,\nThanks!", asked=True) == ""
+
+
+def test_a_text_to_translate_is_cut_to_its_leading_sentences() -> None:
+    text = "Pi is 3.14 or so. Circles use it! Why? Nobody asks."
+    assert corpus_module._leading_sentences(text, 2) == "Pi is 3.14 or so. Circles use it!"
+    assert corpus_module._leading_sentences("No full stop", 2) == "No full stop"

@@ -1,4 +1,4 @@
-# Run: PYTHONPATH=src python docs/results/head-kernels/step_times.py THREADS [DRAFT_FOLDER [TARGET_PRECISION]]
+# Run: PYTHONPATH=src python docs/results/head-kernels/step_times.py THREADS [DRAFT_FOLDER or '' [TARGET_PRECISION]]
 # (MKL_CBWR=AVX2 on an AMD CPU; the README figures: 1 thread, the stage-1 head, a busy machine;
 # the head_kernels docstring: 2 threads, the stage-4 head, fp32 target, 2026-12-04 Intel Xeon)
 """Head step cost and top-1 agreement: fp32 head vs int8 / int4 head, beside a target step
@@ -15,7 +15,7 @@ from spectune.models.shipped import shipped_draft_path
 precision = sys.argv[3] if len(sys.argv) > 3 else "int4"
 t = load_target_at("default", precision)
 net = t.model.net
-head, subset = load_feature_head(Path(sys.argv[2]) if len(sys.argv) > 2 else shipped_draft_path("smollm2-draft"), net)
+head, subset = load_feature_head(Path(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else shipped_draft_path("smollm2-draft"), net)
 head = head.eval()
 heads = {"fp32": head}
 for mode in ("int8", "int4"):

@@ -439,6 +439,12 @@ def _clean_turn(opener: str, written: str) -> str:
     return re.sub(r"[ \t]+\n", "\n", (opener + written).strip())
 
 
+def _leading_sentences(text: str, count: int) -> str:
+    """The first ``count`` sentences of ``text`` (all of it if it has fewer)."""
+    ends = [m.end() for m in re.finditer(r"[.!?](?=\s|$)", text)]
+    return text[: ends[count - 1]].strip() if len(ends) >= count else text.strip()
+
+
 def _first_question(text: str, *, asked: bool = False) -> str:
     """The first line of the written question; ``asked``: the first that ends in "?" (a
     closed-book question must stand alone)."""
@@ -578,7 +584,8 @@ class _Shard:
                 if self.seeds.math_questions and rng.random() < 0.3:
                     it.document = rng.choice(self.seeds.math_questions)
                     continue
-                it.opener = rng.choice(_OPENERS["sentence"] + _OPENERS["document"][:2])
+                sources = _OPENERS["sentence"] if mix >= 2 else _OPENERS["document"][:2]
+                it.opener = rng.choice(_OPENERS["sentence"] + sources)
             elif it.category == "math_reasoning":
                 if self.seeds.math_questions:
                     question = rng.choice(self.seeds.math_questions)
@@ -670,6 +677,8 @@ class _Shard:
                     if len(it.document) < 600
                     else it.document[:600].rsplit(".", 1)[0] + "."
                 )
+                if mix >= 2:  # a sentence or two, as users translate; not a page
+                    text = _leading_sentences(text, 2)
                 languages = _LANGUAGES if mix == 1 else _WRITTEN_LANGUAGES
                 content = rng.choice(_TRANSLATE).format(lang=rng.choice(languages), text=text)
             elif it.category == "multi_turn_chat" and len(it.messages) == 3:
