@@ -26,6 +26,8 @@ translations into English had nothing like them (first-token acceptance there 0.
   wrote from a document it wrote (as for passage answering), without the document.
 - **Into English.** Half the translation items are translated back: the target's own
   translation becomes the text of a "translate into English" prompt (a second record).
+- **Sentences.** A text to translate is a sentence or two the model wrote as such (mix 1
+  also took page-long articles, whose translations mostly ran into the token limit).
 - **Languages.** Only those the target writes (French and Spanish twice as often as
   German, Italian and Portuguese); mix 1's Chinese and Japanese answers were mostly one
   repeated character.
