@@ -1,7 +1,8 @@
 """Suffix lookup cost per drafting step (SuffixDrafter.suggest, K = 4), warm and cold.
 
-Feeds the answers of corpus shard 37 (not in the shipped index) token pair by token pair
-through a suffix drafter, with the shipped index and with server histories of two sizes.
+Feeds the corpus's held-out answers (in no shipped index; before 2026-12-04 the script fed
+shard 37, which the 58-shard index now holds) token pair by token pair through a suffix
+drafter, with the shipped index and with server histories of two sizes.
 "cold": a 100 MB array is summed before each lookup, as a target forward does to the
 caches; that is what a lookup costs inside the engine.
 
@@ -11,17 +12,18 @@ caches; that is what a lookup costs inside the engine.
 import time
 
 import numpy as np
-from safetensors.numpy import load_file
+from pathlib import Path
 
+from spectune.distill.corpus import read_answers
 from spectune.drafters.pairing import shipped_suffix_index
 from spectune.drafters.suffix import SuffixDrafter
 from spectune.drafters.suffix_history import HistoryStore
 from spectune.drafters.suffix_index import SuffixIndex
 
 index = SuffixIndex.load(shipped_suffix_index("smollm2"))
-shard = load_file("corpus/smollm2-135m-instruct/shard-00037.safetensors")
-offsets, tokens, prompts = shard["offsets"], shard["tokens"], shard["prompt_lengths"]
-docs = [tokens[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+held = list(read_answers(Path("corpus/smollm2-135m-instruct"), split="heldout"))
+docs = [np.array(a.prompt + a.answer) for a in held]
+prompts = [len(a.prompt) for a in held]
 sweep = np.ones(25_000_000, np.float32)  # 100 MB
 
 
