@@ -283,6 +283,7 @@ def test_distill_command_trains_a_fused_head_on_an_answer_corpus_and_it_loads(
             max_document_tokens=8,
             max_turn_tokens=6,
             max_batch=8,
+            prompt_mix=1,  # these toy shards hold held-out answers (fixed ids): distill needs them
         ),
     )
     out = tmp_path / "run"
@@ -337,7 +338,11 @@ def first_draft(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Pa
     target = load_target(str(target_dir))
     answers = tmp_path / "answers"
     settings = CorpusSettings(
-        items_per_shard=24, max_answer_tokens=12, max_document_tokens=8, max_turn_tokens=6
+        items_per_shard=24,
+        max_answer_tokens=12,
+        max_document_tokens=8,
+        max_turn_tokens=6,
+        prompt_mix=1,  # these toy shards hold held-out answers (ids are fixed): distill needs them
     )
     build_shards(target.model, target.tokenizer, SeedData(), answers, range(2), settings)
     common = ["distill", "--target", str(target_dir), "--answers", str(answers)]
