@@ -65,8 +65,8 @@ def register(subparsers: Any) -> None:
         type=int,
         choices=PROMPT_MIXES,
         default=CorpusSettings.prompt_mix,
-        help="which prompts (spectune.distill.corpus): 1 = the committed shards 0-57, 2 = adds "
-        "closed-book questions and translations into English (default)",
+        help="which prompts (spectune.distill.corpus): 1 = the committed shards 0-56 and 58, "
+        "2 = adds closed-book questions and translations into English (default)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--stats", action="store_true", help="only count what --out holds")

@@ -15,12 +15,12 @@ from a passage) plus open chat and code, and every answer in it is the target's 
   training answers too (category ``writing``).
 - **Seeds.** GSM8K questions (math) and Alpaca seed instructions from ``shared/data``.
 
-Prompt mixes (``CorpusSettings.prompt_mix``, in every shard's metadata). Mix 1 built shards
-0-57 of the committed corpus; its questions were the model's own user turns ("Which
-superhero has the most synonyms?") and its translations went from English into eight
-languages, Chinese and Japanese included, so the test split's everyday questions and its
-translations into English had nothing like them (first-token acceptance there 0.37 and
-0.35 against 0.58-0.65 for code and math). Mix 2, the default:
+Prompt mixes (``CorpusSettings.prompt_mix``, in every shard's metadata). Mix 1 built
+shards 0-56 and 58 of the committed corpus (57 was never finished); its questions were the
+model's own user turns ("Which superhero has the most synonyms?") and its translations went
+from English into eight languages, Chinese and Japanese included, so the test split's
+everyday questions and its translations into English had nothing like them (first-token
+acceptance there 0.37 and 0.35 against 0.58-0.65 for code and math). Mix 2, the default:
 
 - **Closed-book questions.** Half the question-answering items ask a question the model
   wrote from a document it wrote (as for passage answering), without the document.
@@ -261,7 +261,7 @@ class CorpusSettings:
     max_turn_tokens: int = 64
     max_batch: int = 24
     seed: int = 0
-    # Which prompts (module docstring): 1 = shards 0-57 of the committed corpus; 2 adds
+    # Which prompts (module docstring): 1 = shards 0-56, 58 of the committed corpus; 2 adds
     # closed-book questions and translations into English, and drops Chinese / Japanese.
     prompt_mix: int = 2
 
