@@ -586,6 +586,8 @@ class _Shard:
                 if self.seeds.math_questions and rng.random() < 0.3:
                     it.document = rng.choice(self.seeds.math_questions)
                     continue
+                # Mix 2 draws from the sentence openers listed twice: that is the draw that
+                # built shards 59-70, so keep it (a shorter list would change those shards).
                 sources = _OPENERS["sentence"] if mix >= 2 else _OPENERS["document"][:2]
                 it.opener = rng.choice(_OPENERS["sentence"] + sources)
             elif it.category == "math_reasoning":
