@@ -372,6 +372,13 @@ def test_distill_init_from_continues_a_trained_head_with_its_vocabulary(
     assert started["step"] == 0
     assert started["heldout_kl"] == pytest.approx(ended["heldout_kl"], rel=1e-5)
     assert second["head"] == first["head"]  # layers and width come from the folder
+    # The record keeps what shaped the head, not the LM sizes a feature head ignores.
+    assert second["training"]["architecture"] == {
+        "kind": "feature",
+        "intermediate_size": 48,
+        "feature_layers": [0, 1],
+        "unroll": 1,
+    }
     assert second["vocab_subset_size"] == 40
     assert second["training"]["initialised_from"] == str(folder)
     # The lineage (as JSON text: a record's NaN never equals another NaN).

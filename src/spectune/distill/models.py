@@ -18,7 +18,7 @@ training positions, predicted features or None, target features or None).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import torch
@@ -78,6 +78,15 @@ class DraftArchitecture:
                 f"the draft's {self.num_heads} heads are not a multiple of its "
                 f"{self.num_kv_heads} kv heads"
             )
+
+    def record(self) -> dict[str, object]:
+        """The fields that shaped the draft, for its training record: a feature head takes
+        the target's width, heads and one layer, so those requested sizes are left out."""
+        fields = asdict(self)
+        if self.kind == "feature":
+            for ignored in ("num_layers", "hidden_size", "num_heads", "num_kv_heads"):
+                del fields[ignored]
+        return fields
 
 
 @dataclass(frozen=True)

@@ -220,7 +220,7 @@ def distill(
     )
     record = {
         **training_record,
-        "architecture": asdict(arch),
+        "architecture": arch.record(),
         "settings": asdict(settings),
         "budget": asdict(budget),
         "corpus_positions": corpus.num_training_positions,
