@@ -175,6 +175,65 @@ def test_teacher_states_in_bf16_stay_close_to_fp32(fused_target: LlamaLM) -> Non
     assert (top1 == top1_bf16).float().mean() >= 0.9
 
 
+@pytest.mark.gpu
+def test_distill_on_cuda_caches_and_trains_as_on_the_cpu(
+    fused_target: LlamaLM, tmp_path: Path
+) -> None:
+    """``--device cuda``: the teacher pass on the GPU caches CPU records equal to the CPU's
+    (states within fp16 storage and TF32-free fp32 rounding, top-1 labels at >= 99% of
+    positions), and a head trained on the GPU reaches the held-out agreement of the same
+    run on the CPU (within 0.05; the toy's runs differ only in float rounding) and is saved
+    as an ordinary CPU draft folder."""
+    import copy
+
+    on_gpu = LlamaLM(copy.deepcopy(fused_target.net).to("cuda"), name=fused_target.info.name)
+    generator = torch.Generator().manual_seed(2)
+    answers = [
+        Answer(
+            id=str(i),
+            category="chat",
+            split="train",
+            temperature=0.0,
+            prompt=tuple(torch.randint(3, 64, (8,), generator=generator).tolist()),
+            answer=tuple(torch.randint(3, 64, (16 + i,), generator=generator).tolist()),
+        )
+        for i in range(6)
+    ]
+    cpu_records, gpu_records = (
+        features_of_answers(model, answers, layers=(0, 1)) for model in (fused_target, on_gpu)
+    )
+    for exact, other in zip(cpu_records, gpu_records, strict=True):
+        assert all(value.device.type == "cpu" for value in other.values())
+        assert torch.equal(exact["tokens"], other["tokens"])
+        error = (exact["hidden"].float() - other["hidden"].float()).norm(dim=-1)
+        assert (error / exact["hidden"].float().norm(dim=-1)).max() < 0.01
+    top1 = torch.cat([r["topk_ids"][:, 0] for r in cpu_records])
+    assert (top1 == torch.cat([r["topk_ids"][:, 0] for r in gpu_records])).float().mean() >= 0.99
+
+    corpus, heldout = _corpus(fused_target), _corpus(fused_target, 16, seed=9)
+    arch = DraftArchitecture(kind="feature", intermediate_size=64, feature_layers=(0, 1), unroll=2)
+    agreement = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        result = distill(
+            fused_target,
+            (corpus, DistillCorpus([])),
+            arch,
+            tmp_path / device,
+            vocab_size=48,
+            settings=SETTINGS,
+            budget=Budget(max_steps=100),
+            heldout_sequences=8,
+            training_record={},
+            heldout=heldout,
+            device=torch.device(device),
+        )
+        agreement[device] = result.state.curve[-1].heldout_top1
+    assert abs(agreement["cuda"] - agreement["cpu"]) < 0.05, agreement
+    drafter = feature_drafter_from_folder(tmp_path / "cuda" / "draft", fused_target)
+    assert next(drafter.head.parameters()).device.type == "cpu"
+
+
 def test_fused_head_scales_each_layer_to_unit_rms(fused_drafter: FeatureDrafter) -> None:
     """A layer with massive activations (as SmolLM2's middle layers have) weighs no more in
     the fused feature than the same state at its ordinary size."""

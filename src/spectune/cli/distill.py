@@ -246,8 +246,9 @@ def run(args: argparse.Namespace) -> int:
         precision=args.precision,
     )
     budget = Budget(max_steps=args.steps, max_tokens=args.tokens, max_minutes=args.minutes)
-    # The target generates the corpus on --device; the draft trains on the CPU.
-    target = load_target(args.target, device=resolve_device(args.device))
+    # The target scores (or generates) the corpus on --device and the draft trains there.
+    device = resolve_device(args.device)
+    target = load_target(args.target, device=device)
     if not isinstance(target.model, LlamaLM):
         raise InvalidParameterError("distillation needs a target on the native runtime")
     feature_layers = _feature_layers(layers_arg, target.model.net.cfg.num_layers)
@@ -322,6 +323,7 @@ def run(args: argparse.Namespace) -> int:
             heldout=given_heldout,
             resume=args.resume,
             init_from=args.init_from,
+            device=device,
             refresh=refresh,
             on_step=on_step,
             on_eval=on_eval,

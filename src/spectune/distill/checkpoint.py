@@ -53,7 +53,7 @@ def save_checkpoint(
         if value.data_ptr() in seen:
             continue
         seen.add(value.data_ptr())
-        weights[key] = value.detach().contiguous()
+        weights[key] = value.detach().to("cpu").contiguous()
     save_file(weights, str(tmp / "model.safetensors"))
     names = {id(p): n for n, p in module.named_parameters()}
     moments: dict[str, torch.Tensor] = {}
@@ -64,8 +64,8 @@ def save_checkpoint(
             if not slot:
                 continue
             name = names[id(param)]
-            moments[f"{name}::exp_avg"] = slot["exp_avg"].contiguous()
-            moments[f"{name}::exp_avg_sq"] = slot["exp_avg_sq"].contiguous()
+            moments[f"{name}::exp_avg"] = slot["exp_avg"].to("cpu").contiguous()
+            moments[f"{name}::exp_avg_sq"] = slot["exp_avg_sq"].to("cpu").contiguous()
             steps[name] = float(slot["step"])
     if moments:
         save_file(moments, str(tmp / "optimizer.safetensors"))
@@ -99,8 +99,8 @@ def load_checkpoint(
             param = params[name]
             optimizer.state[param] = {
                 "step": torch.tensor(step),
-                "exp_avg": moments[f"{name}::exp_avg"],
-                "exp_avg_sq": moments[f"{name}::exp_avg_sq"],
+                "exp_avg": moments[f"{name}::exp_avg"].to(param.device),
+                "exp_avg_sq": moments[f"{name}::exp_avg_sq"].to(param.device),
             }
     curve = [CurvePoint(**p) for p in meta["curve"]]
     return TrainState(meta["step"], meta["tokens"], meta["seconds"], curve)

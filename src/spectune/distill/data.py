@@ -99,14 +99,17 @@ def _encode(item: CorpusItem, tokenizer: Tokenizer, limit: int) -> _Encoded | No
 PRECISIONS = ("fp32", "bf16")
 
 
-def compute_precision(precision: str) -> contextlib.AbstractContextManager[object]:
-    """The context distillation computes in: fp32 as is, or bf16 autocast (weights stay
-    fp32; matmuls run on the CPU's bf16 units, AMX / AVX-512 BF16 where it has them)."""
+def compute_precision(
+    precision: str, device: torch.device | None = None
+) -> contextlib.AbstractContextManager[object]:
+    """The context distillation computes in on ``device`` (default the CPU): fp32 as is,
+    or bf16 autocast (weights stay fp32; matmuls run on the CPU's bf16 units, AMX /
+    AVX-512 BF16 where it has them, or a GPU's tensor cores)."""
     if precision not in PRECISIONS:
         raise InvalidParameterError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=torch.bfloat16)
+    return torch.autocast("cpu" if device is None else device.type, dtype=torch.bfloat16)
 
 
 def _topk(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -222,6 +225,11 @@ class DistillCorpus:
 
     def __len__(self) -> int:
         return len(self.sequences)
+
+    def to(self, device: torch.device) -> DistillCorpus:
+        """The same sequences with their tensors on ``device`` (training on a GPU keeps the
+        whole corpus there, so batches are cut without host-to-device copies)."""
+        return DistillCorpus([{k: v.to(device) for k, v in s.items()} for s in self.sequences])
 
     @property
     def num_tokens(self) -> int:
@@ -363,7 +371,8 @@ def features_of_answers(
     ``precision`` bf16 runs the pass under bf16 autocast (soft labels and states then
     carry bf16 rounding; the states are stored in fp16 either way).
     """
-    autocast = compute_precision(precision)
+    device = model.device
+    autocast = compute_precision(precision, device)
     order = sorted(
         range(len(answers)), key=lambda i: len(answers[i].prompt) + len(answers[i].answer)
     )
@@ -384,7 +393,8 @@ def features_of_answers(
         tokens = torch.zeros(len(group), longest, dtype=torch.long)  # right-padded
         for row, seq in enumerate(sequences):
             tokens[row, : len(seq)] = torch.tensor(seq)
-        positions = torch.arange(longest).expand_as(tokens)
+        tokens = tokens.to(device)
+        positions = torch.arange(longest, device=device).expand_as(tokens)
         with autocast:
             logits, states = model.net(tokens, positions, capture=layers)  # causal, no cache
         for row, index in enumerate(group):
@@ -396,9 +406,9 @@ def features_of_answers(
             mask[len(answer.prompt) - 1 - first : n - 1 - first] = 1  # predicts an answer token
             records[index] = {
                 "tokens": torch.tensor(sequences[row][first:], dtype=torch.int32),
-                "hidden": states[row, first:n].to(torch.float16),
-                "topk_ids": ids,
-                "topk_probs": probs,
+                "hidden": states[row, first:n].to("cpu", torch.float16),
+                "topk_ids": ids.cpu(),
+                "topk_probs": probs.cpu(),
                 "loss_mask": mask,
             }
     return [records[i] for i in range(len(answers))]

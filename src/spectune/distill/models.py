@@ -97,6 +97,17 @@ class TrainBatch:
     topk_probs: Tensor  # [batch, length, k]
     loss_mask: Tensor  # [batch, length] bool: position predicts a target-chosen token
 
+    def to(self, device: torch.device) -> TrainBatch:
+        if self.tokens.device == device:
+            return self
+        return TrainBatch(
+            self.tokens.to(device),
+            self.hidden.to(device),
+            self.topk_ids.to(device),
+            self.topk_probs.to(device),
+            self.loss_mask.to(device),
+        )
+
 
 @dataclass(frozen=True)
 class DraftOutputs:
@@ -162,7 +173,7 @@ class LMDraftModel:
     def train_forward(self, batch: TrainBatch) -> DraftOutputs:
         net = self.net
         tokens = batch.tokens
-        positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+        positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
         x = net.embed_tokens(tokens)
         cos, sin = rotary_tables(positions, net.cfg.head_dim, net.cfg.rope_theta)
         for i, block in enumerate(net.layers):
@@ -256,14 +267,14 @@ class _UnrollCache:
         return torch.cat(self.keys, dim=2), torch.cat(self.values, dim=2)
 
 
-def unroll_mask(n: int, step: int) -> Tensor:
+def unroll_mask(n: int, step: int, device: torch.device | None = None) -> Tensor:
     """[n, (step + 1) * n] bool: what head slot i at unroll step ``step`` may see.
 
     At step j slot i plays the j-th draft token after a draft started at slot i - j: it
     sees the slots built from real target states up to i - j (step 0) and the draft's own
     slots i - j + m at steps m = 1..j, exactly the cache a drafter holds at that point.
     """
-    index = torch.arange(n)
+    index = torch.arange(n, device=device)
     parts = [index[None, :] <= (index[:, None] - step)]  # step 0: real-state prefix
     for m in range(1, step + 1):
         parts.append(index[None, :] == (index[:, None] - step + m))
@@ -334,7 +345,8 @@ class FeatureDraftModel:
         n = tokens.shape[1]
         prev = head.target_input(batch.hidden[:, :-1])  # [batch, n, hidden] h[t - 1]
         valid = batch.loss_mask[:, 1:]  # [batch, n]
-        positions = torch.arange(n).expand_as(tokens)
+        device = tokens.device
+        positions = torch.arange(n, device=device).expand_as(tokens)
         cache = _UnrollCache()
         logits: list[Tensor] = []
         rows_all: list[Tensor] = []
@@ -347,8 +359,8 @@ class FeatureDraftModel:
                 # Slot i now reads the head's own output at slot i - 1 (slot 0 reads zeros
                 # and is never scored: a step-j draft needs a start at slot i - j >= 0).
                 prev = torch.cat((torch.zeros_like(features[:, :1]), features[:, :-1]), dim=1)
-                valid = valid & (torch.arange(n) >= step)[None, :]
-            mask = unroll_mask(n, step)[None, None].expand(tokens.shape[0], 1, n, -1)
+                valid = valid & (torch.arange(n, device=device) >= step)[None, :]
+            mask = unroll_mask(n, step, device)[None, None].expand(tokens.shape[0], 1, n, -1)
             features = head.forward_masked(tokens, prev, cache, positions, mask)
             rows, cols = valid.nonzero(as_tuple=True)
             selected = features[rows, cols]  # [m, hidden]
@@ -371,7 +383,7 @@ def feature_head_for(
     cfg: FeatureHeadConfig, target: LlamaTransformer, vocab_subset: Tensor | None
 ) -> FeatureHead:
     """A head wired to the target's frozen embedding and (subset of) output rows, on the
-    CPU where drafts train (a target on a GPU only generates the corpus)."""
+    CPU (``distill`` moves it to the device it trains on)."""
     output = target.lm_head.weight.detach().to("cpu")
     if vocab_subset is not None:
         output = output[vocab_subset]

@@ -145,6 +145,7 @@ def distill(
     heldout: DistillCorpus | None = None,
     resume: bool = False,
     init_from: Path | None = None,
+    device: torch.device | None = None,
     refresh: Callable[[], tuple[DistillCorpus, DistillCorpus]] | None = None,
     on_step: Callable[[TrainState, float, float], None] | None = None,
     on_eval: Callable[[CurvePoint], None] | None = None,
@@ -170,7 +171,8 @@ def distill(
     corpus = training_set(generated, reference)
     if len(corpus) == 0 or len(heldout) == 0:
         raise InvalidParameterError("the corpus is too small to hold out sequences for checks")
-    reload = None if refresh is None else (lambda: training_set(*refresh()))
+    where = torch.device("cpu") if device is None else device
+    reload = None if refresh is None else (lambda: training_set(*refresh()).to(where))
 
     net = model.net
     full_vocab = net.cfg.vocab_size
@@ -206,10 +208,12 @@ def distill(
     if not resume:
         shutil.rmtree(checkpoint, ignore_errors=True)  # a fresh run never continues an old one
 
+    # On a GPU the draft, the corpus and the held-out set all live there for the run.
+    draft.module().to(where)
     state = train(
         draft,
-        corpus,
-        heldout,
+        corpus.to(where),
+        heldout.to(where),
         column_map(subset, full_vocab),
         settings,
         budget,
@@ -218,6 +222,7 @@ def distill(
         on_eval=on_eval,
         reload=reload,
     )
+    draft.module().to("cpu")  # drafts are saved (and run) from the CPU
     record = {
         **training_record,
         "architecture": arch.record(),

@@ -93,11 +93,12 @@ def _collate(sequences: list[dict[str, Tensor]], max_length: int) -> TrainBatch:
     length = min(max_length, max(int(s["tokens"].shape[0]) for s in sequences))
     batch = len(sequences)
     sample = sequences[0]
-    tokens = torch.zeros(batch, length, dtype=torch.long)
-    hidden = torch.zeros(batch, length, sample["hidden"].shape[1])
-    ids = torch.zeros(batch, length, sample["topk_ids"].shape[1], dtype=torch.long)
-    probs = torch.zeros(batch, length, sample["topk_probs"].shape[1])
-    mask = torch.zeros(batch, length, dtype=torch.bool)
+    device = sample["tokens"].device  # batches are cut where the corpus lives
+    tokens = torch.zeros(batch, length, dtype=torch.long, device=device)
+    hidden = torch.zeros(batch, length, sample["hidden"].shape[1], device=device)
+    ids = torch.zeros(batch, length, sample["topk_ids"].shape[1], dtype=torch.long, device=device)
+    probs = torch.zeros(batch, length, sample["topk_probs"].shape[1], device=device)
+    mask = torch.zeros(batch, length, dtype=torch.bool, device=device)
     for b, s in enumerate(sequences):
         n = min(length, int(s["tokens"].shape[0]))
         tokens[b, :n] = s["tokens"][:n].long()
@@ -142,7 +143,8 @@ def _losses(
 ) -> _BatchLoss:
     """The losses of one batch. Positions of every unrolled draft step count equally in
     the loss; the reported KL and the counters are kept per draft position."""
-    with compute_precision(settings.precision):
+    batch = batch.to(column_of.device)  # the draft's device
+    with compute_precision(settings.precision, column_of.device):
         out = draft.train_forward(batch)
     rows, cols = out.position_index
     labels = soft_labels(batch.topk_ids[rows, cols], batch.topk_probs[rows, cols], column_of)
@@ -226,6 +228,7 @@ def train(
     module = draft.module()
     module.train()
     params = [p for p in module.parameters() if p.requires_grad]
+    column_of = column_of.to(params[0].device)  # batches follow it to the draft's device
     optimizer = torch.optim.AdamW(
         params, lr=settings.learning_rate, weight_decay=settings.weight_decay
     )

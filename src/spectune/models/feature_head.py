@@ -196,7 +196,7 @@ class FeatureHead(nn.Module):
         x = self._input(tokens, prev_features)
         batch, chunk = tokens.shape
         if cache is None:
-            positions = torch.arange(chunk).expand(batch, chunk)
+            positions = torch.arange(chunk, device=tokens.device).expand(batch, chunk)
             cos, sin = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
             x = self.layer(x, cos, sin, None, 0, None, None, 0)
         else:
