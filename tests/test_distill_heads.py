@@ -346,6 +346,13 @@ def test_distill_command_trains_a_fused_head_on_an_answer_corpus_and_it_loads(
         ),
     )
     out = tmp_path / "run"
+    # --features-only caches the teacher pass and trains nothing; the run below reuses it.
+    teacher = ["--target", str(target_dir), "--answers", str(answers), "--out", str(out)]
+    layers_and_cache = ["--feature-layers", "0,1", "--cache-dir", str(tmp_path / "cache")]
+    assert main(["distill", *teacher, *layers_and_cache, "--features-only"]) == 0
+    marked = sorted(p.name for p in (tmp_path / "cache").glob("answer-features/*/done/*"))
+    assert marked == sorted(p.name for p in answers.glob("shard-*.safetensors"))
+    assert not (out / "draft").exists()
     status = main(
         [
             "distill",

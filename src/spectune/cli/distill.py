@@ -129,6 +129,12 @@ def register(subparsers: Any) -> None:
     add_device_arg(parser)
     parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
     parser.add_argument(
+        "--features-only",
+        action="store_true",
+        help="with --answers: build (or complete) the cached teacher pass and stop, so "
+        "several training runs can then share it",
+    )
+    parser.add_argument(
         "--init-from",
         type=Path,
         default=None,
@@ -195,7 +201,9 @@ def _progress() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not (args.steps or args.tokens or args.minutes):
+    if args.features_only and args.answers is None:
+        raise InvalidParameterError("--features-only caches the teacher pass of --answers")
+    if not (args.steps or args.tokens or args.minutes or args.features_only):
         raise InvalidParameterError("give a budget: --steps, --tokens and/or --minutes")
     if args.threads is not None:
         if args.threads < 1:
@@ -245,7 +253,11 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         precision=args.precision,
     )
-    budget = Budget(max_steps=args.steps, max_tokens=args.tokens, max_minutes=args.minutes)
+    budget = Budget(
+        max_steps=args.steps,
+        max_tokens=args.tokens,
+        max_minutes=args.minutes if args.minutes or not args.features_only else 0.0,
+    )
     # The target scores (or generates) the corpus on --device and the draft trains there.
     device = resolve_device(args.device)
     target = load_target(args.target, device=device)
@@ -276,6 +288,14 @@ def run(args: argparse.Namespace) -> int:
                 on_shard=lambda done, total: on_corpus("features", done, total),
             )
             reference, folders = DistillCorpus([]), list[Path]()
+            if args.features_only:
+                counts = {
+                    "training_positions": generated.num_training_positions,
+                    "training_answers": len(generated),
+                    "heldout_answers": len(given_heldout),
+                }
+                progress.console.print(json.dumps(counts))
+                return 0
         else:
             generated, reference, folders = build_corpora(target, plan, on_corpus)
         refresh = None
