@@ -11,18 +11,21 @@
 #
 # SECONDS is the wall time the whole script may take; the training runs get what the
 # teacher pass leaves, less RESERVE_S (loading the cache, the last evaluation, saving).
-# RUNS: "LR:BATCH_TOKENS ..." (default three); PYTHON: the interpreter holding torch;
+# RUNS: "LR:BATCH_TOKENS[:POSITIONS] ..." (default three; POSITIONS caps a run's training
+# positions, so its cosine schedule ends after that many epochs' worth); EVAL_EVERY: steps
+# between held-out checks (default 1000); PYTHON: the interpreter holding torch;
 # DEVICE: cuda (default) or cpu, to try the script on a small model without a GPU.
-# Each run's draft is OUT_DIR/run-LR-BATCH/draft, its log OUT_DIR/run-LR-BATCH.log.
+# Each run's draft is OUT_DIR/run-LR-BATCH[-POSITIONS]/draft, its log beside it (.log).
 set -euo pipefail
 
 if [ $# -ne 5 ]; then
-    sed -n '2,16p' "$0" >&2
+    sed -n '2,19p' "$0" >&2
     exit 2
 fi
 target=$1 answers=$2 init=$3 out=$4 seconds=$5
 python=${PYTHON:-python3}
-runs=${RUNS:-"5e-4:8192 1e-3:16384 2e-4:4096"}
+runs=${RUNS:-"5e-4:8192:8200000 5e-4:16384 1e-3:16384:27000000"}
+eval_every=${EVAL_EVERY:-1000}
 reserve=${RESERVE_S:-150}
 start=$(date +%s)
 mkdir -p "$out"
@@ -43,11 +46,11 @@ echo "teacher pass: $(($(date +%s) - start))s; each run trains ${minutes} min"
 
 pids=()
 for spec in $runs; do
-    lr=${spec%%:*} batch=${spec##*:}
-    name=run-$lr-$batch
+    IFS=: read -r lr batch positions <<<"$spec"
+    name=run-$lr-$batch${positions:+-$positions}
     "$python" -m spectune distill "${common[@]}" --unroll 3 --lr "$lr" --batch-tokens "$batch" \
-        --minutes "$minutes" --eval-every 250 --threads 2 --out "$out/$name" \
-        >"$out/$name.log" 2>&1 &
+        ${positions:+--tokens "$positions"} --minutes "$minutes" --eval-every "$eval_every" \
+        --threads 2 --out "$out/$name" >"$out/$name.log" 2>&1 &
     pids+=($!)
 done
 status=0
