@@ -42,7 +42,6 @@ from spectune.server.engines import (
     EngineSettings,
     build_engine,
 )
-from spectune.server.run import listen, serve_on
 
 if TYPE_CHECKING:
     from spectune.server import Limits
@@ -115,6 +114,7 @@ def _is_loopback(host: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from spectune.server import Limits
+    from spectune.server.run import listen
 
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise InvalidParameterError("--served-model-name must not be empty")
@@ -157,6 +157,7 @@ def _serve(
     """Load the models and serve on ``sock`` until stopped (SIGINT or SIGTERM)."""
     from spectune.server import ServedModel, Service, create_app
     from spectune.server.metrics import ServerMetrics
+    from spectune.server.run import serve_on
 
     if args.suffix_history_tokens < 0:
         raise InvalidParameterError("--suffix-history-tokens must be >= 0")

@@ -7,8 +7,29 @@ Layout: ``app`` (the FastAPI app), ``routes`` (endpoints and response shapes),
 (Prometheus), ``sequential`` (the one-at-a-time engine), ``testing`` (test doubles).
 """
 
-from spectune.server.app import create_app
-from spectune.server.limits import Limits
-from spectune.server.service import ServedModel, Service
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spectune.server.app import create_app
+    from spectune.server.limits import Limits
+    from spectune.server.service import ServedModel, Service
 
 __all__ = ["Limits", "ServedModel", "Service", "create_app"]
+
+# Loaded on first use: the HTTP stack (FastAPI, Starlette, pydantic) is imported only by
+# what serves, so the other commands (and `spectune.server.engines`) start without it.
+_HOMES = {
+    "create_app": "spectune.server.app",
+    "Limits": "spectune.server.limits",
+    "ServedModel": "spectune.server.service",
+    "Service": "spectune.server.service",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'spectune.server' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)
