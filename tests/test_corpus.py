@@ -223,3 +223,21 @@ def test_a_text_to_translate_is_cut_to_its_leading_sentences() -> None:
     text = "Pi is 3.14 or so. Circles use it! Why? Nobody asks."
     assert corpus_module._leading_sentences(text, 2) == "Pi is 3.14 or so. Circles use it!"
     assert corpus_module._leading_sentences("No full stop", 2) == "No full stop"
+
+
+@pytest.mark.gpu
+def test_a_target_on_cuda_writes_the_corpus_the_cpu_writes(
+    toy_target: LlamaLM, tokenizer: Tokenizer, seeds: SeedData, tmp_path: Path
+) -> None:
+    """``spectune corpus --device cuda``: the same prompts and (sampling stays on the CPU's
+    seeded generator, logits come back to the CPU) the same answers, but for float
+    rounding at a near-tie: at least 90% of answers identical on the toy target."""
+    import copy
+
+    on_gpu = LlamaLM(copy.deepcopy(toy_target.net).to("cuda"), name=toy_target.info.name)
+    _build(toy_target, tokenizer, seeds, tmp_path / "cpu", range(2))
+    _build(on_gpu, tokenizer, seeds, tmp_path / "cuda", range(2))
+    cpu, gpu = list(read_answers(tmp_path / "cpu")), list(read_answers(tmp_path / "cuda"))
+    assert [a.prompt for a in cpu] == [a.prompt for a in gpu]
+    same = sum(a.answer == b.answer for a, b in zip(cpu, gpu, strict=True))
+    assert same >= 0.9 * len(cpu)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from spectune.cli.common import add_device_arg
 from spectune.distill.corpus import (
     PROMPT_MIXES,
     CorpusSettings,
@@ -19,6 +20,7 @@ from spectune.distill.corpus import (
 )
 from spectune.drafters.pairing import load_target
 from spectune.errors import InvalidParameterError
+from spectune.models.devices import resolve_device
 
 __all__ = ["register"]
 
@@ -70,6 +72,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--stats", action="store_true", help="only count what --out holds")
+    add_device_arg(parser)
     parser.set_defaults(run=run)
 
 
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     seeds = SeedData.read(args.seeds)  # checked before the target loads
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.target)
+    target = load_target(args.target, device=resolve_device(args.device))
     settings = CorpusSettings(
         items_per_shard=args.items_per_shard,
         max_answer_tokens=args.max_answer_tokens,
