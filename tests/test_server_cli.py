@@ -11,9 +11,10 @@ from typing import Any
 import openai
 import pytest
 
-from spectune.cli import common, main, serve
+from spectune.cli import common, main
 from spectune.drafters.pairing import Loaded
 from spectune.models.llama import LlamaLM
+from spectune.server import run as server_run  # serve imports listen/serve_on from it
 from spectune.server.testing import running_server, toy_tokenizer
 
 
@@ -27,15 +28,15 @@ def captured(
     weights.touch()  # never read: load_target is replaced below
     loaded = Loaded(toy_target, tokenizer, weights)
     calls: dict[str, Any] = {}
-    real_listen = serve.listen
+    real_listen = server_run.listen
 
     def listen(host: str, port: int) -> socket.socket:
         calls.update(host=host, port=port)
         return real_listen("127.0.0.1", 0)  # checked as given, bound where tests may
 
     monkeypatch.setattr(common, "load_target", lambda ref, **kw: loaded)
-    monkeypatch.setattr(serve, "listen", listen)
-    monkeypatch.setattr(serve, "serve_on", lambda app, sock, **kw: calls.update(app=app))
+    monkeypatch.setattr(server_run, "listen", listen)
+    monkeypatch.setattr(server_run, "serve_on", lambda app, sock, **kw: calls.update(app=app))
     monkeypatch.delenv("SPECTUNE_API_KEY", raising=False)
     return calls
 

@@ -193,12 +193,12 @@ def test_generate_prints_the_stall_warning(
 def test_serve_names_the_active_drafter(
     toy_folder: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from spectune.cli import serve
+    from spectune.server import run as server_run  # serve imports listen/serve_on from it
 
     # Bind a free loopback port and return instead of serving forever.
-    real_listen = serve.listen
-    monkeypatch.setattr(serve, "listen", lambda host, port: real_listen("127.0.0.1", 0))
-    monkeypatch.setattr(serve, "serve_on", lambda app, sock, **kw: None)
+    real_listen = server_run.listen
+    monkeypatch.setattr(server_run, "listen", lambda host, port: real_listen("127.0.0.1", 0))
+    monkeypatch.setattr(server_run, "serve_on", lambda app, sock, **kw: None)
     monkeypatch.delenv("SPECTUNE_API_KEY", raising=False)
     args = ["serve", "--target", str(toy_folder), "--engine", "sequential", "--k", "2"]
     assert main(args) == 0
