@@ -352,9 +352,26 @@ def test_hybrid_rule_follows_measured_acceptance() -> None:
     assert stats.prefers_suffix(0.5, k=1) and not stats.prefers_suffix(0.4, k=1)
     stats.observe_model(1, 1)  # a one-token model draft kept -> first rate 0.75
     assert not stats.prefers_suffix(0.7, k=1) and stats.prefers_suffix(0.75, k=1)
-    stats.observe_suffix(0, 2.0)  # a suffix draft scored 2 kept nothing -> calibration 0.5
-    assert stats.suffix_calibration == pytest.approx(0.5)
-    assert not stats.prefers_suffix(1.4, k=1) and stats.prefers_suffix(1.5, k=1)
+    # A suffix draft scored 2 kept nothing: with the prior (a step of score 1, one kept)
+    # the means are 1.5 scored and 0.5 kept, a calibration of 1/3.
+    stats.observe_suffix(0, 2.0)
+    assert stats.suffix_calibration == pytest.approx(1 / 3)
+    assert not stats.prefers_suffix(2.2, k=1) and stats.prefers_suffix(2.25, k=1)
+
+
+def test_hybrid_calibration_is_a_ratio_of_means() -> None:
+    """Low-score drafts kept now and then must not inflate what a unit of score is worth:
+    the calibration is the running mean of accepted over the running mean of score (both
+    starting at the prior step: score 1, one kept), not the running mean of their ratio."""
+    steps = [(1, 0.2), (0, 2.0), (1, 0.2), (0, 2.0), (1, 2.0), (0, 0.2)]
+    stats = SourceStats(decay=0.5)
+    kept, scored, ratio = 1.0, 1.0, 1.0
+    for accepted, score in steps:
+        stats.observe_suffix(accepted, score)
+        kept, scored = (kept + accepted) / 2, (scored + score) / 2
+        ratio = (ratio + accepted / score) / 2
+    assert stats.suffix_calibration == pytest.approx(kept / scored)
+    assert kept / scored < 0.4 < 0.5 < ratio  # the mean of ratios: 0.53 against 0.36
 
 
 def test_hybrid_counts_what_the_target_kept(toy_target: LlamaLM) -> None:

@@ -187,8 +187,8 @@ def test_cost_rule_charges_the_targets_verification_curve() -> None:
     assert length == 2 and value == pytest.approx(1.96 / 1.3)
     # a 4-token suffix draft of score 1.4: flat, 2.4 beats the model's 1 + E(4) = 2.31;
     # steep, 2.4 / v(4) = 1.5 loses to the model's 2 tokens, 1.96 / 1.3 = 1.508
-    assert stats.choose(1.4, 0.9, 4, 0.0, suffix_nodes=4)[0]
-    assert not stats.choose(1.4, 0.9, 4, 0.0, suffix_nodes=4, verify=steep)[0]
+    assert stats.choose(1.4, 0.9, 4, 0.0, suffix_nodes=4)[0] == "suffix"
+    assert stats.choose(1.4, 0.9, 4, 0.0, suffix_nodes=4, verify=steep) == ("model", 2)
     # merged: the tree's nodes (suffix + model, at most) are charged too
     flat_merged = stats.merged_value(0.5, 0.3, 2, 0.0, suffix_nodes=2)
     steep_merged = stats.merged_value(0.5, 0.3, 2, 0.0, suffix_nodes=2, verify=steep)

@@ -6,8 +6,13 @@ Each step the suffix drafter is asked first (it costs no forward). Its proposal 
 suffix``; for a suffix tree, the sum of its path probabilities); what it is worth is
 learned from what the target kept:
 
-- ``suffix_calibration`` = running mean of accepted / score over steps with a suffix
-  draft (starts at 1: take the corpus at its word);
+- ``suffix_calibration`` = accepted tokens per unit of score over steps with a suffix
+  draft: the running mean of accepted over the running mean of score (starts at 1, a
+  pseudo-step of score 1: take the corpus at its word). A ratio of means, not a mean of
+  per-step ratios: low-score drafts that happen to be kept (score 0.2, one token kept: a
+  ratio of 5) inflate the latter (21 test prompts at T = 0 beside fp32 with the stage-7
+  head: 0.62 against 0.43 accepted per unit of score), which priced suffix drafts
+  over the model's;
 - ``model_rates`` = per draft position j, the running rate at which the target kept the
   model's j-th token given that it kept the tokens before it (each starts at 1/2, so an
   unmeasured model draft of 4 tokens is worth ~0.94 tokens: a corpus guess worth less
@@ -49,21 +54,24 @@ token-for-token equal to plain decoding; the extra nodes cost what the curve say
 tokens verify in about 1.08x one token's forward on fp32 on the EPYC, 1.9x on the Xeon,
 2.1x on int4).
 Both sources' statistics learn from such steps: each is credited with the depth of its
-own branch that the target kept. So at T = 0 the choice is between "suffix alone" and
-"suffix plus a model branch", and the model's branch is worth what it adds where the
-suffix branch fails:
+own branch that the target kept. So at T = 0 the choice is among "suffix alone", "the
+model alone" and "both as one tree", the best value of the three (ties in that order of
+preference: suffix, both, model). The model's branch is worth what it adds where the
+suffix branch fails, and the tree at least what the model's chain is worth alone (the
+target keeps the deeper branch):
 
-    merged = (1 + suffix_calibration * score + (1 - q) * rescue * E(k*) / r_1)
+    merged = (1 + max(E(k*), suffix_calibration * score + (1 - q) * rescue * E(k*) / r_1))
              / (v(s + k*) + k* c)
 
 with q = min(1, suffix_calibration * p_1) the chance the suffix's first token is kept
 (p_1: its corpus probability), ``model_rescue`` = running rate at which the model's first
 token was kept in merged steps whose suffix branch was rejected at once (it measures how
 often the model is right where the corpus is wrong, correlation included; starts at
-r_1), and E(k*) / r_1 the model tokens kept once its first is. The model branch is
-added when ``merged`` beats the suffix draft's own value (above); with no suffix proposal
+r_1), and E(k*) / r_1 the model tokens kept once its first is. With no suffix proposal
 the model drafts alone. (s + k* counts the merged tree's nodes as if no prefix were
-shared: an upper bound on its verification cost.)
+shared: an upper bound on its verification cost.) Before 2026-12-04 the model alone was
+not a choice where the suffix source had a proposal, so a weak corpus match took the step
+(or made it a tree that verifies dearly) where the model's chain was worth more.
 
 **Temperature > 0: one source per step.** The verifier's tree path takes one
 distribution for all siblings of a node (``Draft.probs``, one row per node); a tree
@@ -111,7 +119,9 @@ class SourceStats:
     (module docstring)."""
 
     decay: float = 0.9
-    suffix_calibration: float = 1.0  # accepted per unit of suffix score
+    suffix_calibration: float = 1.0  # accepted per unit of suffix score (ratio of the means)
+    suffix_score_mean: float = 1.0  # running means of a suffix step's score and accepted
+    suffix_accepted_mean: float | None = None  # tokens; None: suffix_calibration's prior
     model_rates: list[float] = field(default_factory=lambda: [0.5] * MAX_K)  # per position
     model_rescue: float | None = None  # model's first kept where the suffix's was not
     model_token_seconds: float | None = None  # running mean: model propose s per token
@@ -173,8 +183,11 @@ class SourceStats:
         first = self.model_rates[0]
         rescue = first if self.model_rescue is None else self.model_rescue
         suffix_first = min(1.0, self.suffix_calibration * first_prob)
-        added = (1 - suffix_first) * rescue * self.model_expected(length) / first if first else 0.0
-        return (1.0 + self.suffix_calibration * score + added) / (verify(nodes) + length * cost)
+        model = self.model_expected(length)
+        added = (1 - suffix_first) * rescue * model / first if first else 0.0
+        # The tree keeps the deeper branch, so it is worth at least the model's chain alone.
+        kept = max(model, self.suffix_calibration * score + added)
+        return (1.0 + kept) / (verify(nodes) + length * cost)
 
     def observe_rescue(self, model_kept_first: bool) -> None:
         """A merged step whose suffix branch was rejected at its first token."""
@@ -191,23 +204,25 @@ class SourceStats:
         merge: bool = False,
         suffix_nodes: int = 0,
         verify: VerifyCost = flat_verify,
-    ) -> tuple[bool, int]:
-        """The rule (module docstring): (the suffix draft alone?, k*) for a suffix draft of
-        ``score``, first-token corpus probability ``first_prob`` and ``suffix_nodes``
-        tokens against the model's best draft of at most ``k`` tokens, alone or
-        (``merge``) as a branch beside it."""
+    ) -> tuple[str, int]:
+        """The rule (module docstring): (``suffix``, ``model`` or ``both``, k*) for a suffix
+        draft of ``score``, first-token corpus probability ``first_prob`` and
+        ``suffix_nodes`` tokens against the model's best draft of at most ``k`` tokens,
+        alone or (``merge``) as a branch beside it. Ties go to the suffix draft, then to
+        both as one tree."""
         length, model_value = self.model_choice(k, draft_cost, verify)
-        if merge:
-            model_value = self.merged_value(
+        values = {"suffix": (1.0 + self.suffix_calibration * score) / verify(suffix_nodes)}
+        if merge:  # before the model alone: its value is a lower bound, so it wins a tie
+            values["both"] = self.merged_value(
                 score, first_prob, length, draft_cost, suffix_nodes=suffix_nodes, verify=verify
             )
-        suffix_value = (1.0 + self.suffix_calibration * score) / verify(suffix_nodes)
-        return suffix_value >= model_value, length
+        values["model"] = model_value
+        return max(values, key=values.__getitem__), length
 
     def prefers_suffix(self, score: float, k: int, draft_cost: float | None = None) -> bool:
         """The rule without merging: a suffix draft of ``score`` against the model's best
         draft of at most ``k`` tokens."""
-        return self.choose(score, 0.0, k, draft_cost)[0]
+        return self.choose(score, 0.0, k, draft_cost)[0] == "suffix"
 
     def _mean(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
@@ -216,8 +231,12 @@ class SourceStats:
         """One verified suffix draft of ``score``: ``accepted`` tokens kept."""
         self.suffix_steps += 1
         self.suffix_accepted_total += accepted
-        ratio = accepted / score if score > 0 else 0.0
-        self.suffix_calibration = self._mean(self.suffix_calibration, ratio)
+        if self.suffix_accepted_mean is None:  # the prior: one step at the calibration given
+            self.suffix_accepted_mean = self.suffix_calibration * self.suffix_score_mean
+        self.suffix_score_mean = self._mean(self.suffix_score_mean, score)
+        self.suffix_accepted_mean = self._mean(self.suffix_accepted_mean, accepted)
+        if self.suffix_score_mean > 0:
+            self.suffix_calibration = self.suffix_accepted_mean / self.suffix_score_mean
 
     def observe_model(self, accepted: int, depth: int) -> None:
         """One verified model draft ``depth`` tokens deep: ``accepted`` tokens kept. The
@@ -379,7 +398,7 @@ class HybridDrafter:
         suffix_draft = proposal.draft()
         model_seconds: float | None = None
         merge = params.greedy and self.merge_greedy
-        alone, model_k = self.stats.choose(
+        choice, model_k = self.stats.choose(
             proposal.score,
             proposal.first_prob,
             num_tokens,
@@ -388,7 +407,7 @@ class HybridDrafter:
             suffix_nodes=len(suffix_draft),
             verify=self.verify_cost,
         )
-        if proposal.tokens and alone:
+        if proposal.tokens and choice == "suffix":
             draft, source = suffix_draft, "suffix"
             suffix_parts, model_parts = _parts(suffix_draft), _NOTHING
         else:
@@ -398,7 +417,7 @@ class HybridDrafter:
                 model_seconds = (self.clock() - start) / len(model_draft)
             draft, source = model_draft, "model"
             suffix_parts, model_parts = _NOTHING, _parts(model_draft)
-            if merge and proposal.tokens:
+            if choice == "both" and proposal.tokens:
                 suffix_parts = _parts(suffix_draft)
                 tokens, parents = merge_trees(model_parts, suffix_parts)
                 draft = Draft(
