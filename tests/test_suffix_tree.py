@@ -227,7 +227,7 @@ def test_merged_value_counts_what_the_model_adds_where_the_suffix_fails() -> Non
 
 def test_hybrid_learns_how_often_the_model_branch_rescues_a_step() -> None:
     scripted = ScriptedDrafter(lambda context, k: [7, 1, 1], vocab_size=64, with_probs=False)
-    stats = SourceStats(suffix_calibration=0.5, model_rates=[0.8] * MAX_K)
+    stats = SourceStats(suffix_accepted_mean=0.5, model_rates=[0.8] * MAX_K)
     hybrid = HybridDrafter(SuffixDrafter(), scripted, stats, merge_greedy=True, draft_cost=0.0)
     context = [4, 5, 6, 9, 4, 5]
     draft = hybrid.propose(context, 3, SamplingParams(), None)
@@ -254,7 +254,7 @@ def test_hybrid_merges_both_drafts_at_temperature_zero_only() -> None:
     # step is forced (the model's rate is high, its cost fixed at 0) and the suffix chain
     # is merged in.
     scripted = ScriptedDrafter(lambda context, k: [6, 1, 1], vocab_size=64, with_probs=False)
-    stats = SourceStats(suffix_calibration=0.5, model_rates=[1.0] * MAX_K)
+    stats = SourceStats(suffix_accepted_mean=0.5, model_rates=[1.0] * MAX_K)
     hybrid = HybridDrafter(SuffixDrafter(), scripted, stats, merge_greedy=True, draft_cost=0.0)
     context = [4, 5, 6, 9, 4, 5]
     draft = hybrid.propose(context, 3, SamplingParams(), None)

@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     budget = Budget(
         max_steps=args.steps,
         max_tokens=args.tokens,
-        max_minutes=args.minutes if args.minutes or not args.features_only else 0.0,
+        max_minutes=0.0 if args.features_only else args.minutes,  # no training to budget
     )
     # The target scores (or generates) the corpus on --device and the draft trains there.
     device = resolve_device(args.device)

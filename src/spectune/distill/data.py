@@ -227,8 +227,7 @@ class DistillCorpus:
         return len(self.sequences)
 
     def to(self, device: torch.device) -> DistillCorpus:
-        """The same sequences with their tensors on ``device`` (training on a GPU keeps the
-        whole corpus there, so batches are cut without host-to-device copies)."""
+        """The same sequences with their tensors on ``device``."""
         return DistillCorpus([{k: v.to(device) for k, v in s.items()} for s in self.sequences])
 
     @property

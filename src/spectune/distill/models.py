@@ -97,17 +97,6 @@ class TrainBatch:
     topk_probs: Tensor  # [batch, length, k]
     loss_mask: Tensor  # [batch, length] bool: position predicts a target-chosen token
 
-    def to(self, device: torch.device) -> TrainBatch:
-        if self.tokens.device == device:
-            return self
-        return TrainBatch(
-            self.tokens.to(device),
-            self.hidden.to(device),
-            self.topk_ids.to(device),
-            self.topk_probs.to(device),
-            self.loss_mask.to(device),
-        )
-
 
 @dataclass(frozen=True)
 class DraftOutputs:

@@ -171,8 +171,7 @@ def distill(
     corpus = training_set(generated, reference)
     if len(corpus) == 0 or len(heldout) == 0:
         raise InvalidParameterError("the corpus is too small to hold out sequences for checks")
-    where = torch.device("cpu") if device is None else device
-    reload = None if refresh is None else (lambda: training_set(*refresh()).to(where))
+    reload = None if refresh is None else (lambda: training_set(*refresh()))
 
     net = model.net
     full_vocab = net.cfg.vocab_size
@@ -208,12 +207,11 @@ def distill(
     if not resume:
         shutil.rmtree(checkpoint, ignore_errors=True)  # a fresh run never continues an old one
 
-    # On a GPU the draft, the corpus and the held-out set all live there for the run.
-    draft.module().to(where)
+    draft.module().to("cpu" if device is None else device)  # train() brings the data there
     state = train(
         draft,
-        corpus.to(where),
-        heldout.to(where),
+        corpus,
+        heldout,
         column_map(subset, full_vocab),
         settings,
         budget,

@@ -143,8 +143,7 @@ def _losses(
 ) -> _BatchLoss:
     """The losses of one batch. Positions of every unrolled draft step count equally in
     the loss; the reported KL and the counters are kept per draft position."""
-    batch = batch.to(column_of.device)  # the draft's device
-    with compute_precision(settings.precision, column_of.device):
+    with compute_precision(settings.precision, batch.tokens.device):
         out = draft.train_forward(batch)
     rows, cols = out.position_index
     labels = soft_labels(batch.topk_ids[rows, cols], batch.topk_probs[rows, cols], column_of)
@@ -228,7 +227,10 @@ def train(
     module = draft.module()
     module.train()
     params = [p for p in module.parameters() if p.requires_grad]
-    column_of = column_of.to(params[0].device)  # batches follow it to the draft's device
+    # Everything lives where the draft trains (a GPU holds the whole corpus), so batches
+    # are cut there without host-to-device copies.
+    device = params[0].device
+    column_of, corpus, heldout = column_of.to(device), corpus.to(device), heldout.to(device)
     optimizer = torch.optim.AdamW(
         params, lr=settings.learning_rate, weight_decay=settings.weight_decay
     )
@@ -257,7 +259,7 @@ def train(
         batch = next(epoch, None)
         if batch is None:
             if reload is not None and state.step > 0:
-                corpus = reload()
+                corpus = reload().to(device)
             epoch = iterate_batches(corpus, settings, rng)
             batch = next(epoch)
         step_start = time.perf_counter()

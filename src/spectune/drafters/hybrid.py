@@ -119,9 +119,10 @@ class SourceStats:
     (module docstring)."""
 
     decay: float = 0.9
-    suffix_calibration: float = 1.0  # accepted per unit of suffix score (ratio of the means)
-    suffix_score_mean: float = 1.0  # running means of a suffix step's score and accepted
-    suffix_accepted_mean: float | None = None  # tokens; None: suffix_calibration's prior
+    # Running means of a suffix step's score and of the tokens it kept; both start at a
+    # prior pseudo-step of score 1 (``suffix_accepted_mean``: the calibration assumed).
+    suffix_score_mean: float = 1.0
+    suffix_accepted_mean: float = 1.0
     model_rates: list[float] = field(default_factory=lambda: [0.5] * MAX_K)  # per position
     model_rescue: float | None = None  # model's first kept where the suffix's was not
     model_token_seconds: float | None = None  # running mean: model propose s per token
@@ -131,6 +132,13 @@ class SourceStats:
     merged_steps: int = 0  # steps with both, as one tree
     suffix_accepted_total: int = 0
     model_accepted_total: int = 0
+
+    @property
+    def suffix_calibration(self) -> float:
+        """Accepted tokens per unit of suffix score: the ratio of the running means."""
+        if self.suffix_score_mean <= 0:
+            return 0.0
+        return self.suffix_accepted_mean / self.suffix_score_mean
 
     @property
     def measured_cost(self) -> float | None:
@@ -231,12 +239,8 @@ class SourceStats:
         """One verified suffix draft of ``score``: ``accepted`` tokens kept."""
         self.suffix_steps += 1
         self.suffix_accepted_total += accepted
-        if self.suffix_accepted_mean is None:  # the prior: one step at the calibration given
-            self.suffix_accepted_mean = self.suffix_calibration * self.suffix_score_mean
         self.suffix_score_mean = self._mean(self.suffix_score_mean, score)
         self.suffix_accepted_mean = self._mean(self.suffix_accepted_mean, accepted)
-        if self.suffix_score_mean > 0:
-            self.suffix_calibration = self.suffix_accepted_mean / self.suffix_score_mean
 
     def observe_model(self, accepted: int, depth: int) -> None:
         """One verified model draft ``depth`` tokens deep: ``accepted`` tokens kept. The
