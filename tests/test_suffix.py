@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +16,8 @@ from spectune.cli import main
 from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters import ModelDrafter, ScriptedDrafter, suffix_history, suffix_kernels
-from spectune.drafters.base import Drafter
-from spectune.drafters.hybrid import HybridDrafter, SourceStats
+from spectune.drafters.base import Drafter, fresh_drafter
+from spectune.drafters.hybrid import HybridDrafter, RateTable, SourceStats, band, right_depths
 from spectune.drafters.pairing import Loaded, load_drafter
 from spectune.drafters.suffix import SuffixDrafter, SuffixSettings, propose_from
 from spectune.drafters.suffix_history import HistoryStore
@@ -397,6 +398,90 @@ def test_hybrid_greedy_equals_target_alone(toy_target: LlamaLM, toy_draft: Llama
         result = SpeculativeEngine(toy_target, hybrid).run(prompt, greedy, policy=FixedK(k))
         assert result.tokens == plain
     assert hybrid.stats.suffix_steps > 0 and hybrid.stats.model_steps > 0  # both sources ran
+
+
+def test_rate_table_learns_decayed_rates_from_a_prior() -> None:
+    table = RateTable(decay=0.5)
+    assert table.rate(("model", "agree", 3)) == 0.5  # the prior: one right in two
+    table.observe(("model", "agree", 3), True)  # (0.5 + 1) / (1 + 1)
+    assert table.rate(("model", "agree", 3)) == pytest.approx(0.75)
+    table.observe(("model", "agree", 3), False)  # (0.75 + 0) / (1 + 1)
+    assert table.rate(("model", "agree", 3)) == pytest.approx(0.375)
+    assert table.rate(("model", "differ", 3)) == 0.5  # situations learn apart
+    # a chain of two tokens at rates 0.375 then 0.5: 0.375 + 0.375 * 0.5 tokens kept
+    chain = table.chain([("model", "agree", 3), ("model-next", 0)])
+    assert chain == pytest.approx([0.375, 0.5625])
+
+
+def test_greedy_rule_learns_each_token_the_committed_context_shows() -> None:
+    keys = [("a",), ("b",), ("c",)]
+    # two kept, then the target's own token: the third draft token is known wrong
+    assert list(right_depths(keys, [7, 8, 9], [7, 8, 5])) == [
+        (("a",), True),
+        (("b",), True),
+        (("c",), False),
+    ]
+    assert list(right_depths(keys, [7, 8, 9], [6])) == [(("a",), False)]  # nothing after
+    assert list(right_depths(keys, [7, 8, 9], [7, 8])) == [(("a",), True), (("b",), True)]
+    assert band(None) == -1 and band(0.0) == 0 and band(0.5) == 2 and band(1.0) == 4
+
+
+def test_greedy_rule_takes_the_suffix_continuation_where_the_sources_agree() -> None:
+    """The context repeats "4 5 6 9": after "4 5" the suffix source says "6 9", the model
+    "6 1". Where the two agree on "6" and the suffix's continuations have been right, the
+    suffix chain goes (its second token is free); the step teaches every situation the
+    committed tokens show."""
+    scripted = ScriptedDrafter(lambda context, k: [6, 1][:k], vocab_size=64, with_probs=False)
+    stats = SourceStats()
+    for _ in range(20):  # measured: the suffix's continuations right, the model's wrong
+        stats.rates.observe(("suffix-next", 4), True)
+        stats.rates.observe(("model-next", -1), False)
+    hybrid = HybridDrafter(SuffixDrafter(), scripted, stats, draft_cost=0.0)
+    context = [4, 5, 6, 9, 4, 5]
+    draft = hybrid.propose(context, 2, SamplingParams(), None)
+    assert draft.tokens.tolist() == [6, 9] and draft.parents is None and draft.probs is None
+    hybrid.commit([*context, 6, 9, 4], None)
+    assert stats.suffix_steps == 1 and stats.suffix_accepted_total == 2
+    rates = stats.rates
+    right = (1.0 * 0.98 + 1) / (2.0 * 0.98 + 1)  # the prior, decayed, and one right
+    assert rates.rate(("model", "agree", -1)) == pytest.approx(right)
+    assert ("suffix", "context", 4) in rates.counts  # the suffix alone, learned too
+    # the model's "1" was wrong where the target said "9": learned although not drafted
+    assert rates.rate(("model-next", -1)) < 0.1
+
+
+def test_greedy_rule_leaves_the_model_out_where_the_suffix_is_sure() -> None:
+    calls: list[int] = []
+
+    def script(context: Sequence[int], k: int) -> list[int]:
+        calls.append(k)
+        return [6] * k
+
+    stats = SourceStats()
+    for _ in range(200):
+        stats.rates.observe(("suffix", "context", 4), True)
+    hybrid = HybridDrafter(SuffixDrafter(), ScriptedDrafter(script, vocab_size=64), stats)
+    draft = hybrid.propose([4, 5, 6, 9, 4, 5], 2, SamplingParams(), None)
+    assert draft.tokens.tolist()[0] == 6 and calls == []
+    hybrid.propose([1, 2, 3], 2, SamplingParams(), None)  # no suffix draft: the model
+    assert calls == [2]
+
+
+def test_hybrid_with_a_feature_head_is_greedy_equal_and_learns_its_confidence(
+    toy_target: LlamaLM, toy_feature_drafter: Drafter
+) -> None:
+    """The feature head reports its own probability of each greedy token (the greedy rule
+    bands its rates by it); decoding stays token-for-token the target's."""
+    head = fresh_drafter(toy_feature_drafter)
+    prompt = [1, 9, 9, 12, 30, 9, 9, 12]
+    hybrid = HybridDrafter(SuffixDrafter(target_corpus(toy_target, 0)), head, draft_cost=0.0)
+    greedy = SamplingParams(max_tokens=24)
+    for start in ([1, 5, 9], prompt):
+        plain = SpeculativeEngine(toy_target).run(start, greedy).tokens
+        result = SpeculativeEngine(toy_target, hybrid).run(start, greedy, policy=FixedK(2))
+        assert result.tokens == plain
+    banded = [key for key in hybrid.stats.rates.counts if key[0] in ("model", "model-next")]
+    assert banded and all(key[-1] != -1 for key in banded)  # every one by a confidence
 
 
 def test_hybrid_sampling_stays_lossless(toy_target: LlamaLM, toy_draft: LlamaLM) -> None:

@@ -206,9 +206,10 @@ def test_hybrid_drafts_the_models_best_length() -> None:
     scripted = ScriptedDrafter(script, vocab_size=64, with_probs=False)
     stats = SourceStats(decay=0.5, model_rates=[0.9, 0.0, 0.0, 0.0])
     hybrid = HybridDrafter(SuffixDrafter(), scripted, stats, draft_cost=0.1)
-    assert len(hybrid.propose([1, 2, 3], 4, SamplingParams(), None)) == 1
+    sampled = SamplingParams(temperature=1.0)  # at 0 the greedy rule chooses (test_suffix)
+    assert len(hybrid.propose([1, 2, 3], 4, sampled, None)) == 1
     free = HybridDrafter(SuffixDrafter(), scripted, SourceStats(), draft_cost=0.0)
-    assert len(free.propose([1, 2, 3], 4, SamplingParams(), None)) == 4
+    assert len(free.propose([1, 2, 3], 4, sampled, None)) == 4
     assert calls == [1, 4]
 
 
@@ -228,7 +229,9 @@ def test_merged_value_counts_what_the_model_adds_where_the_suffix_fails() -> Non
 def test_hybrid_learns_how_often_the_model_branch_rescues_a_step() -> None:
     scripted = ScriptedDrafter(lambda context, k: [7, 1, 1], vocab_size=64, with_probs=False)
     stats = SourceStats(suffix_accepted_mean=0.5, model_rates=[0.8] * MAX_K)
-    hybrid = HybridDrafter(SuffixDrafter(), scripted, stats, merge_greedy=True, draft_cost=0.0)
+    # Merging is for a suffix tree's proposal (a chain's goes to the greedy rule).
+    tree = SuffixDrafter().tree(TreeShape(width=2, nodes=4))
+    hybrid = HybridDrafter(tree, scripted, stats, merge_greedy=True, draft_cost=0.0)
     context = [4, 5, 6, 9, 4, 5]
     draft = hybrid.propose(context, 3, SamplingParams(), None)
     assert sorted(draft.tokens.tolist()) == [1, 1, 6, 7, 9]  # both chains ("7 1 1", "6 9")
@@ -255,7 +258,8 @@ def test_hybrid_merges_both_drafts_at_temperature_zero_only() -> None:
     # is merged in.
     scripted = ScriptedDrafter(lambda context, k: [6, 1, 1], vocab_size=64, with_probs=False)
     stats = SourceStats(suffix_accepted_mean=0.5, model_rates=[1.0] * MAX_K)
-    hybrid = HybridDrafter(SuffixDrafter(), scripted, stats, merge_greedy=True, draft_cost=0.0)
+    tree = SuffixDrafter().tree(TreeShape(width=2, nodes=4))  # a chain: the greedy rule
+    hybrid = HybridDrafter(tree, scripted, stats, merge_greedy=True, draft_cost=0.0)
     context = [4, 5, 6, 9, 4, 5]
     draft = hybrid.propose(context, 3, SamplingParams(), None)
     assert draft.parents is not None

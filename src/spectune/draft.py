@@ -72,6 +72,10 @@ class Draft:
     # Siblings in a tree share their parent's row (they were drawn without replacement).
     probs: Tensor | None
     parents: Tensor | None = None  # [k] int64 for a tree, None for a chain
+    # [k] fp32: the drafter's own probability of each token it drafted, where ``probs``
+    # cannot say it (a greedy draft's processed rows are one-hot): how sure the drafter
+    # was, which predicts acceptance (EAGLE-2); None where the drafter does not report it.
+    confidence: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

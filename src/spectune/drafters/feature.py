@@ -305,12 +305,16 @@ class FeatureSession:
         features = self.sync({r.row: r.context for r in requests}, num_rows)
         tokens: dict[int, list[Tensor]] = {r.row: [] for r in requests}
         probs: dict[int, list[Tensor]] = {r.row: [] for r in requests}
+        sure: dict[int, list[Tensor]] = {r.row: [] for r in requests}  # greedy: own top prob
         hidden_size = self.head.cfg.hidden_size
         for step in range(max(r.k for r in requests)):
             for req in (r for r in requests if r.k > step):
-                row_probs = process_logits(self.source.vocab_logits(features[req.row]), req.params)
+                logits = self.source.vocab_logits(features[req.row])
+                row_probs = process_logits(logits, req.params)
                 tokens[req.row].append(choose_token(row_probs, req.params, req.generator))
                 probs[req.row].append(row_probs)  # [vocab]
+                if req.params.greedy:
+                    sure[req.row].append(logits.float().softmax(-1).max())
             feeding = [r for r in requests if r.k > step + 1]
             if not feeding:
                 break
@@ -325,7 +329,12 @@ class FeatureSession:
             for req in feeding:
                 features[req.row] = out[req.row, 0]
         return [
-            Draft(torch.stack(tokens[r.row]).long(), torch.stack(probs[r.row])) for r in requests
+            Draft(
+                torch.stack(tokens[r.row]).long(),
+                torch.stack(probs[r.row]),
+                confidence=torch.stack(sure[r.row]) if sure[r.row] else None,
+            )
+            for r in requests
         ]
 
 

@@ -1,5 +1,38 @@
 """Hybrid drafting: per step, the suffix draft or the model draft, chosen by measured value
-per cost; at temperature 0, the model draft with the suffix draft merged in as branches.
+per cost; at temperature 0, by what each source's tokens turned out to be worth in the
+situation at hand, the two compared token by token (the greedy rule, below).
+
+**Temperature 0, a suffix chain: the greedy rule** (since 2026-12-04, fifth session).
+Which source is right depends on the step far more than one calibration per source can
+say: on the test prompts (stage-7 head, int4) the suffix's first token was kept 0.85 of
+the time where the model drafted the same token and 0.05-0.15 (corpus) or 0.40 (context)
+where it drafted another; the head's own probability of its token sorts its acceptance
+from 0.15 (under 0.2) to 0.95 (over 0.9). So at T = 0 each draft token is priced by its
+**situation** (``RateKey``), and every situation's rate is learned (``RateTable``:
+decayed counts from a prior of one right in two) from every step, drafted or not, since
+the committed tokens show the target's own choice one past the accepted depth
+(``right_depths``):
+
+- the model's first token by agreement (``alone``: no suffix draft; ``agree``: the
+  suffix's first token is the same; ``differ``) and its own probability's band
+  (``Draft.confidence``; band -1 where the model does not report one); later model tokens
+  by their probability's band (``model_keys``);
+- the suffix's first token by its source and corpus probability's band, alone or
+  (``differ``) where the model starts otherwise; later suffix tokens by the band of their
+  corpus probability given the path before (``suffix_keys``).
+
+A step asks the suffix source first. If its first token's rate alone is at least
+``SURE_ENOUGH`` (0.9), the suffix chain goes without running the model. Otherwise the
+model drafts the K tokens the policy asked for (c per token, paid whatever is chosen) and
+the rule takes the chain of best value, (1 + expected tokens kept) / (v(d) + K c), among:
+the model chain's prefixes; where the sources agree, the suffix's continuation (its later
+tokens cost nothing to draft); where they differ, the suffix chain's prefixes. Tried and
+left out: the two chains as sibling branches of one tree (their expected tokens add),
+which the sim priced well and the engine did not (tree verification costs more than the
+chain curve says: on int4 1.125x against 1.170x without trees, fp32 1.484x against
+1.495x; ``docs/results/hybrid-greedy-rule``).
+
+**Otherwise** (T > 0, or a suffix tree) the rule of the rest of this docstring holds.
 
 Each step the suffix drafter is asked first (it costs no forward). Its proposal has a
 **score** (expected accepted tokens under the corpus frequencies, ``spectune.drafters.
@@ -88,22 +121,35 @@ committed context counts it exactly, for chains and trees.
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from spectune.draft import MAX_TREE_NODES, Draft, tree_depths
 from spectune.drafters.base import Drafter, TargetFeatures, TreeShape, describe, fresh_drafter
-from spectune.drafters.suffix import SuffixDrafter
+from spectune.drafters.suffix import SuffixDrafter, SuffixProposal
 from spectune.drafters.suffix_history import HistoryStore
 from spectune.drafters.suffix_index import breadth_first
 from spectune.errors import InvalidParameterError
 from spectune.records import MAX_K
 from spectune.sampling import SamplingParams
 
-__all__ = ["HybridDrafter", "SourceStats", "VerifyCost", "flat_verify", "kept_depth", "merge_trees"]
+__all__ = [
+    "HybridDrafter",
+    "RateTable",
+    "SourceStats",
+    "VerifyCost",
+    "band",
+    "flat_verify",
+    "kept_depth",
+    "merge_trees",
+    "model_keys",
+    "right_depths",
+    "suffix_keys",
+]
 
 VerifyCost = Callable[[int], float]  # v(d): verifying d draft tokens over a one-token step
 
@@ -111,6 +157,81 @@ VerifyCost = Callable[[int], float]  # v(d): verifying d draft tokens over a one
 def flat_verify(draft_tokens: int) -> float:
     """v(d) = 1: verification costs one step whatever its size (a flat curve)."""
     return 1.0
+
+
+SURE_ENOUGH = 0.9  # a suffix draft this often right at its first token goes without the model
+CONFIDENCE_BANDS = 5  # a probability in [0, 1] falls in one of this many equal bands
+
+
+def band(probability: float | None) -> int:
+    """The band of a probability (-1 where none is known)."""
+    if probability is None:
+        return -1
+    return min(int(probability * CONFIDENCE_BANDS), CONFIDENCE_BANDS - 1)
+
+
+RateKey = tuple[str | int, ...]
+
+
+@dataclass
+class RateTable:
+    """How often a draft token was right, per situation (``RateKey``): decayed counts of
+    right and seen, each starting at a prior of one right in two (rate 1/2), the newest
+    observation weighing ``1 / (1 - decay)`` times the average of the window it ends."""
+
+    decay: float = 0.98
+    counts: dict[RateKey, tuple[float, float]] = field(default_factory=dict)
+
+    def rate(self, key: RateKey) -> float:
+        right, seen = self.counts.get(key, (1.0, 2.0))
+        return right / seen
+
+    def observe(self, key: RateKey, right: bool) -> None:
+        old_right, old_seen = self.counts.get(key, (1.0, 2.0))
+        self.counts[key] = (self.decay * old_right + right, self.decay * old_seen + 1.0)
+
+    def chain(self, keys: Sequence[RateKey]) -> list[float]:
+        """Expected tokens kept of chains of 1, 2, ... tokens whose i-th token is right,
+        given those before it were, at ``rate(keys[i])``."""
+        expected, reach, total = [], 1.0, 0.0
+        for key in keys:
+            reach *= self.rate(key)
+            total += reach
+            expected.append(total)
+        return expected
+
+
+def model_keys(confidence: Sequence[float | None], agreement: str) -> list[RateKey]:
+    """The situations of a model chain's tokens: the first by how the suffix draft's first
+    token relates to it (``agreement``: ``alone``, ``agree`` or ``differ``) and the
+    model's own probability of it; the later ones by that probability."""
+    return [
+        ("model", agreement, band(p)) if i == 0 else ("model-next", band(p))
+        for i, p in enumerate(confidence)
+    ]
+
+
+def suffix_keys(probs: Sequence[float], source: str, first: str) -> list[RateKey]:
+    """The situations of a suffix chain's tokens (corpus path probabilities ``probs``):
+    the first by ``first`` (``suffix``: as a draft alone, ``differ``: beside a model draft
+    that starts otherwise), its source and corpus probability; the later ones by the
+    corpus probability of the token given the path before it."""
+    keys: list[RateKey] = [(first, source, band(probs[0]))] if probs else []
+    for before, path in itertools.pairwise(probs):
+        keys.append(("suffix-next", band(path / before if before > 0 else 0.0)))
+    return keys
+
+
+def right_depths(
+    keys: Sequence[RateKey], tokens: Sequence[int], kept: Sequence[int]
+) -> Iterator[tuple[RateKey, bool]]:
+    """(key, right) for each chain token whose truth the committed tokens ``kept`` show:
+    the first, and each later one whose predecessors were all right (the target's own
+    token follows the last kept draft token, so one past the accepted depth is known)."""
+    for key, token, truth in zip(keys, tokens, kept, strict=False):
+        yield key, token == truth
+        if token != truth:
+            return
 
 
 @dataclass
@@ -132,6 +253,7 @@ class SourceStats:
     merged_steps: int = 0  # steps with both, as one tree
     suffix_accepted_total: int = 0
     model_accepted_total: int = 0
+    rates: RateTable = field(default_factory=RateTable)  # the greedy rule's (module doc)
 
     @property
     def suffix_calibration(self) -> float:
@@ -305,6 +427,8 @@ class _Pending:
     score: float
     model_token_seconds: float | None  # the model's propose seconds per drafted token
     proposed_at: float  # clock when propose returned
+    # The greedy rule: each chain whose tokens' situations learn from this step.
+    learn: tuple[tuple[tuple[RateKey, ...], tuple[int, ...]], ...] = ()
 
 
 def _parts(draft: Draft) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
@@ -313,6 +437,24 @@ def _parts(draft: Draft) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
 
 
 _NOTHING: tuple[tuple[int, ...], tuple[int, ...] | None] = ((), None)
+
+
+@dataclass(frozen=True)
+class _Option:
+    """One chain the greedy rule weighs, and its tokens per target-step time."""
+
+    value: float
+    tokens: list[int]
+
+
+def _chains(
+    tokens: Sequence[int], expected: Sequence[float], verify: VerifyCost, sunk: float
+) -> list[_Option]:
+    """The chain's prefixes of 1, 2, ... tokens (``expected[i]``: tokens kept of i + 1)."""
+    return [
+        _Option((1.0 + e) / (verify(i + 1) + sunk), list(tokens[: i + 1]))
+        for i, e in enumerate(expected)
+    ]
 
 
 class HybridDrafter:
@@ -399,6 +541,8 @@ class HybridDrafter:
         generator: torch.Generator | None,
     ) -> Draft:
         proposal = self.suffix.suggest(context, num_tokens)
+        if params.greedy and proposal.parents is None:
+            return self._propose_greedy(context, num_tokens, params, generator, proposal)
         suffix_draft = proposal.draft()
         model_seconds: float | None = None
         merge = params.greedy and self.merge_greedy
@@ -441,9 +585,79 @@ class HybridDrafter:
         )
         return draft
 
+    def _propose_greedy(
+        self,
+        context: Sequence[int],
+        num_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        proposal: SuffixProposal,
+    ) -> Draft:
+        """Temperature 0 with a suffix chain: the greedy rule (module docstring)."""
+        stats, rates, verify = self.stats, self.stats.rates, self.verify_cost
+        suffix = proposal.tokens
+        alone_keys = suffix_keys(proposal.probs, proposal.source, "suffix")
+        learn = [(tuple(alone_keys), tuple(suffix))]
+        options = _chains(suffix, rates.chain(alone_keys), verify, 0.0)
+        alone = max(options, default=None, key=lambda o: o.value)
+        if alone is not None and alone_keys and rates.rate(alone_keys[0]) >= SURE_ENOUGH:
+            return self._greedy_draft(context, alone, "suffix", learn, proposal, None)
+        start = self.clock()
+        model_draft = self.model.propose(context, num_tokens, params, generator)
+        head = [int(t) for t in model_draft.tokens.tolist()]
+        if not head:  # the model has nothing: the suffix chain (or nothing) as it stands
+            if alone is None:
+                return model_draft
+            return self._greedy_draft(context, alone, "suffix", learn, proposal, None)
+        seconds = (self.clock() - start) / len(head)
+        sure = model_draft.confidence
+        confidence: list[float | None] = [None] * len(head) if sure is None else sure.tolist()
+        agreement = "alone" if not suffix else "agree" if suffix[0] == head[0] else "differ"
+        keys = model_keys(confidence, agreement)
+        learn.append((tuple(keys), tuple(head)))
+        sunk = len(head) * stats.cost(self.draft_cost)  # the model has drafted: paid
+        model_expected = rates.chain(keys)
+        options = _chains(head, model_expected, verify, sunk)
+        if agreement == "agree" and len(suffix) > 1:  # the suffix's continuation, free
+            first = rates.rate(keys[0])
+            further = rates.chain(alone_keys[1:])
+            expected = [first] + [first * (1.0 + e) for e in further]
+            options += _chains(suffix, expected, verify, sunk)[1:]
+        elif agreement == "differ":  # the suffix chain after all
+            differ_keys = suffix_keys(proposal.probs, proposal.source, "differ")
+            learn.append((tuple(differ_keys), tuple(suffix)))
+            options += _chains(suffix, rates.chain(differ_keys), verify, sunk)
+        best = max(options, key=lambda o: o.value)  # ties: the first listed
+        source = "model" if best.tokens[: len(head)] == head[: len(best.tokens)] else "suffix"
+        return self._greedy_draft(context, best, source, learn, proposal, seconds)
+
+    def _greedy_draft(
+        self,
+        context: Sequence[int],
+        option: _Option,
+        source: str,
+        learn: list[tuple[tuple[RateKey, ...], tuple[int, ...]]],
+        proposal: SuffixProposal,
+        model_seconds: float | None,
+    ) -> Draft:
+        parts: tuple[tuple[int, ...], tuple[int, ...] | None] = (tuple(option.tokens), None)
+        self._pending = _Pending(
+            source,
+            len(context),
+            parts if source == "suffix" else _NOTHING,
+            parts if source == "model" else _NOTHING,
+            proposal.score,
+            model_seconds,
+            self.clock(),
+            tuple(learn),
+        )
+        return Draft(torch.tensor(option.tokens, dtype=torch.long), None)
+
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         pending, self._pending = self._pending, None
-        if pending is not None and len(context) > pending.start:
+        if pending is not None and pending.learn and len(context) > pending.start:
+            self._learn_greedy(pending, context[pending.start :])
+        elif pending is not None and len(context) > pending.start:
             self.stats.observe_times(
                 pending.model_token_seconds, self.clock() - pending.proposed_at
             )
@@ -462,3 +676,18 @@ class HybridDrafter:
                 self.stats.merged_steps += 1
         self.suffix.commit(context, features)
         self.model.commit(context, features)
+
+    def _learn_greedy(self, pending: _Pending, kept: Sequence[int]) -> None:
+        """A greedy-rule step: each situation it showed learns whether its token was
+        right; the counts and, where the model ran, its time and the step's yield."""
+        stats = self.stats
+        for keys, tokens in pending.learn:
+            for key, right in right_depths(keys, tokens, kept):
+                stats.rates.observe(key, right)
+        stats.observe_times(pending.model_token_seconds, self.clock() - pending.proposed_at)
+        if pending.source == "suffix":
+            stats.suffix_steps += 1
+            stats.suffix_accepted_total += kept_depth(*pending.suffix, kept)
+        else:
+            stats.model_steps += 1
+            stats.model_accepted_total += kept_depth(*pending.model, kept)
