@@ -9,7 +9,8 @@ torch.set_num_threads(2)
 target = load_target_at("default", sys.argv[1])
 specs = sys.argv[3:]
 k = int(sys.argv[2])
-sys.path.insert(0, "/work/scratch/s21")
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).parent))  # hybrid_old.py: see the README
 import hybrid_old
 from spectune.drafters.hybrid import HybridDrafter
 def make(s):
