@@ -154,3 +154,21 @@ def test_tree_drafter_for_picks_the_tree_form_or_says_why(
     args = argparse.Namespace(tree_width=2, tree_nodes=None, tree_min_prob=0.0)
     tree = tree_drafter(fresh(toy_feature_drafter), toy_target, args)
     assert isinstance(tree, FeatureTreeDrafter) and tree.shape == TreeShape(2, 16)
+
+
+def test_greedy_token_is_the_full_vocabulary_argmax_with_the_heads_own_probability(
+    toy_feature_drafter: FeatureDrafter,
+) -> None:
+    """A greedy draft skips the full-vocabulary rows; its token must still be the argmax of
+    ``vocab_logits`` and its confidence the head's own probability of that token, for an
+    ascending subset (the fast path) and a shuffled one (the full rows again)."""
+    head, subset = toy_feature_drafter.head, toy_feature_drafter.vocab_subset
+    assert subset is not None
+    shuffled = FeatureDrafter(head, subset.flip(0))
+    features = torch.randn(5, head.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    for drafter in (toy_feature_drafter, shuffled):
+        for row in features:
+            logits = drafter.vocab_logits(row).float()
+            token, own = drafter.greedy_token(row)
+            assert int(token) == int(logits.argmax())
+            assert float(own) == pytest.approx(float(logits.softmax(-1).max()))

@@ -89,6 +89,8 @@ class FeatureDrafter(RowDrafter):
     ) -> None:
         self.head = head.eval()
         self.vocab_subset = vocab_subset
+        # A subset in ascending id order breaks argmax ties as the full vocabulary does.
+        self._ascending = vocab_subset is None or bool((vocab_subset.diff() > 0).all())
         self.vocab_size = head.cfg.target_vocab_size
         self.name = name
         self.row: OneRow[FeatureSession] = OneRow(lambda: self.open(1))
@@ -114,6 +116,22 @@ class FeatureDrafter(RowDrafter):
         if self.vocab_subset is None:
             return probs
         return scatter_to_vocab(probs, self.vocab_subset, self.vocab_size)
+
+    def greedy_token(self, features: Tensor) -> tuple[Tensor, Tensor]:
+        """features: [hidden] -> (the head's argmax token, a target id; the head's own
+        probability of it): the argmax of ``vocab_logits`` (its lowest id among ties),
+        taken over the reduced vocabulary alone where its ids ascend, without the
+        full-vocabulary rows a greedy draft does not need."""
+        if not self._ascending:
+            logits = self.vocab_logits(features).float()  # [vocab]
+            best = logits.argmax(-1)
+            return best, logits.softmax(-1)[best]
+        logits = self.head.logits(features).float()  # [num_draft_tokens]
+        best = logits.argmax(-1)
+        sure = logits.softmax(-1)[best]
+        if self.vocab_subset is None:
+            return best, sure
+        return self.vocab_subset[best], sure
 
     def vocab_logits(self, features: Tensor) -> Tensor:
         """features: [..., hidden] -> [..., vocab]; -inf outside a reduced vocabulary."""
@@ -309,12 +327,15 @@ class FeatureSession:
         hidden_size = self.head.cfg.hidden_size
         for step in range(max(r.k for r in requests)):
             for req in (r for r in requests if r.k > step):
+                if req.params.greedy:  # one-hot rows say nothing: none (the verifier's
+                    token, own = self.source.greedy_token(features[req.row])  # one-hot)
+                    tokens[req.row].append(token)
+                    sure[req.row].append(own)
+                    continue
                 logits = self.source.vocab_logits(features[req.row])
                 row_probs = process_logits(logits, req.params)
                 tokens[req.row].append(choose_token(row_probs, req.params, req.generator))
                 probs[req.row].append(row_probs)  # [vocab]
-                if req.params.greedy:
-                    sure[req.row].append(logits.float().softmax(-1).max())
             feeding = [r for r in requests if r.k > step + 1]
             if not feeding:
                 break
@@ -331,7 +352,7 @@ class FeatureSession:
         return [
             Draft(
                 torch.stack(tokens[r.row]).long(),
-                torch.stack(probs[r.row]),
+                torch.stack(probs[r.row]) if probs[r.row] else None,
                 confidence=torch.stack(sure[r.row]) if sure[r.row] else None,
             )
             for r in requests
