@@ -144,5 +144,5 @@ def test_the_shipped_drafters_start_up_lines(
     assert drafter_summary(suffix) == "suffix:none (suffix lookup, no corpus)"
     hybrid = HybridDrafter(suffix, model, merge_greedy=True)
     assert drafter_summary(hybrid) == (
-        f"suffix:none+{m} (suffix lookup or {m} (draft model), per step; at T = 0 both as one tree)"
+        f"suffix:none+{m} (suffix lookup or {m} (draft model), per step; at T = 0 by situation)"
     )

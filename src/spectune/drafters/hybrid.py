@@ -78,8 +78,8 @@ flat curve this compares accepted tokens alone (and k* = K). Running means are
 exponential with weight ``1 - decay`` on the newest step. The statistics are shared by a
 drafter's copies (``with_sources``), so a server learns across requests.
 
-**Temperature 0, both as one tree** (``merge_greedy``; on when the target takes tree
-attention masks). A model draft is merged with the suffix draft (chain or tree) as
+**Temperature 0, a suffix tree: both as one tree** (``merge_greedy``; on when the target
+takes tree attention masks). A model draft is merged with the suffix tree as
 further branches (shared prefixes merged; model nodes first, at most ``MAX_TREE_NODES``
 nodes), so the target keeps whichever branch matches its argmax. Greedy verification is
 exact for any tree of candidate tokens (``spectune.verify.tree``), so this stays
@@ -480,7 +480,8 @@ class HybridDrafter:
         self.model = model
         self.stats = stats or SourceStats()
         self.name = name or f"{suffix.name}+{model.name}"
-        self.merge_greedy = merge_greedy  # the target takes tree masks: merge at T = 0
+        # The target takes tree masks: at T = 0 a suffix tree and the model's chain merge.
+        self.merge_greedy = merge_greedy
         self.draft_cost = draft_cost  # a fixed c (None: measured)
         # v(d): verifying d draft tokens over a one-token step (None: flat, v = 1)
         self.verify_cost = verify_cost or flat_verify
@@ -504,8 +505,8 @@ class HybridDrafter:
         )
 
     def describe(self) -> str:
-        merged = "; at T = 0 both as one tree" if self.merge_greedy else ""
-        return f"{self.name} (suffix lookup or {describe(self.model)}, per step{merged})"
+        model = describe(self.model)
+        return f"{self.name} (suffix lookup or {model}, per step; at T = 0 by situation)"
 
     def with_sources(
         self,
