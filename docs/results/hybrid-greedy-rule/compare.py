@@ -43,5 +43,5 @@ for s in specs:
     d = engines[s].drafter
     if d is not None and hasattr(d, "stats"):
         st = d.stats
-        print(s, "suffix", st.suffix_steps, "model", st.model_steps, "merged", st.merged_steps, "c", st.measured_cost, "model_step_value", st.model_step_value)
+        print(s, "suffix", st.suffix_steps, "model", st.model_steps, "merged", st.merged_steps, "c", st.measured_cost)
         print(sorted(((k, round(a / n, 2), round(n, 1)) for k, (a, n) in st.rates.counts.items()), key=str))

@@ -1,6 +1,6 @@
 import json, sys, math
 from collections import defaultdict
-sys.path.insert(0, "/work/main/src")
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[3] / "src"))
 from spectune.drafters.hybrid import SourceStats, merge_trees, kept_depth
 
 data = json.load(open(sys.argv[1]))

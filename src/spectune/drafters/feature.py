@@ -122,16 +122,13 @@ class FeatureDrafter(RowDrafter):
         probability of it): the argmax of ``vocab_logits`` (its lowest id among ties),
         taken over the reduced vocabulary alone where its ids ascend, without the
         full-vocabulary rows a greedy draft does not need."""
-        if not self._ascending:
-            logits = self.vocab_logits(features).float()  # [vocab]
-            best = logits.argmax(-1)
-            return best, logits.softmax(-1)[best]
-        logits = self.head.logits(features).float()  # [num_draft_tokens]
+        if self._ascending:  # [num_draft_tokens], mapped to target ids below
+            logits, ids = self.head.logits(features).float(), self.vocab_subset
+        else:  # [vocab]
+            logits, ids = self.vocab_logits(features).float(), None
         best = logits.argmax(-1)
         sure = logits.softmax(-1)[best]
-        if self.vocab_subset is None:
-            return best, sure
-        return self.vocab_subset[best], sure
+        return (best if ids is None else ids[best]), sure
 
     def vocab_logits(self, features: Tensor) -> Tensor:
         """features: [..., hidden] -> [..., vocab]; -inf outside a reduced vocabulary."""
