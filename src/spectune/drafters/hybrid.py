@@ -6,8 +6,9 @@ situation at hand, the two compared token by token (the greedy rule, below).
 Which source is right depends on the step far more than one calibration per source can
 say: on the test prompts (stage-7 head, int4 and fp32), a suffix first token of corpus
 probability 0.8 or more was kept 0.86-0.88 of the time where the model drafted the same
-token and 0.15-0.17 (corpus match) or 0.40-0.44 (context match) where it drafted another; the head's own probability of its token sorts its acceptance
-from 0.15 (under 0.2) to 0.95 (over 0.9). So at T = 0 each draft token is priced by its
+token and 0.15-0.17 (corpus match) or 0.40-0.44 (context match) where it drafted
+another; the head's own probability of its token sorts its acceptance from 0.15 (under
+0.2) to 0.95 (over 0.9). So at T = 0 each draft token is priced by its
 **situation** (``RateKey``), and every situation's rate is learned (``RateTable``:
 decayed counts from a prior of one right in two) from every step, drafted or not, since
 the committed tokens show the target's own choice one past the accepted depth
