@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Distil the default feature head on one CUDA GPU, inside a fixed time:
 #
+#   0. optionally, more answers first (CORPUS_S > 0): CORPUS_WORKERS processes of
+#      `spectune corpus --device cuda` write new shards into ANSWERS_DIR from shard CORPUS_FROM
+#      on (each takes every CORPUS_WORKERS-th; CORPUS_ARGS go to each: seeds, --batch,
+#      --items-per-shard) and are stopped after CORPUS_S seconds (a shard file is written
+#      whole or not at all), while the teacher pass caches the shards already there;
 #   1. the teacher pass over an answer corpus (`spectune corpus --out`), cached once
 #      (`spectune distill --features-only`), bf16 as every shipped stage was;
 #   2. several training runs side by side on the same GPU, each `--init-from` the given
@@ -15,6 +20,7 @@
 # positions, so its cosine schedule ends after that many epochs' worth); EVAL_EVERY: steps
 # between held-out checks (default 1000); PYTHON: the interpreter holding torch;
 # DEVICE: cuda (default) or cpu, to try the script on a small model without a GPU.
+# CORPUS_S (default 0), CORPUS_WORKERS (default 8), CORPUS_FROM, CORPUS_ARGS: step 0.
 # Each run's draft is OUT_DIR/run-LR-BATCH[-POSITIONS]/draft, its log beside it (.log).
 set -euo pipefail
 
@@ -34,6 +40,29 @@ common=(--target "$target" --answers "$answers" --cache-dir "$cache" --kind feat
     --init-from "$init" --precision bf16 --device "${DEVICE:-cuda}")
 
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+corpus_s=${CORPUS_S:-0}
+if [ "$corpus_s" -gt 0 ]; then
+    workers=${CORPUS_WORKERS:-8}
+    first=${CORPUS_FROM:?CORPUS_FROM: the first new shard}
+    before=$(ls "$answers"/shard-*.safetensors | wc -l)
+    "$python" -m spectune distill "${common[@]}" --features-only --out "$out/teacher" \
+        >"$out/teacher-0.log" 2>&1 &
+    teacher=$!
+    writers=()
+    for ((w = 0; w < workers; w++)); do
+        # shellcheck disable=SC2086  # CORPUS_ARGS is a list of arguments
+        timeout "$corpus_s" "$python" -m spectune corpus --target "$target" --out "$answers" \
+            --device "${DEVICE:-cuda}" --threads 1 --shards "$((first + w)):100000:$workers" \
+            ${CORPUS_ARGS:-} >"$out/corpus-$w.log" 2>&1 &
+        writers+=($!)
+    done
+    for pid in "${writers[@]}"; do
+        wait "$pid" || true # stopped at the deadline: expected
+    done
+    wait "$teacher" || echo "distill-gpu: the first teacher pass failed (teacher-0.log)" >&2
+    echo "corpus: $(($(ls "$answers"/shard-*.safetensors | wc -l) - before)) new shards" \
+        "in ${corpus_s}s ($workers processes)"
+fi
 "$python" -m spectune distill "${common[@]}" --features-only --out "$out/teacher" \
     2>&1 | tee "$out/teacher.log"
 left=$((seconds - ($(date +%s) - start) - reserve))
