@@ -2,10 +2,11 @@
 # Distil the default feature head on one CUDA GPU, inside a fixed time:
 #
 #   0. optionally, more answers first (CORPUS_S > 0): CORPUS_WORKERS processes of
-#      `spectune corpus --device cuda` write new shards into ANSWERS_DIR from shard CORPUS_FROM
-#      on (each takes every CORPUS_WORKERS-th; CORPUS_ARGS go to each: seeds, --batch,
-#      --items-per-shard) and are stopped after CORPUS_S seconds (a shard file is written
-#      whole or not at all), while the teacher pass caches the shards already there;
+#      `spectune corpus --device cuda` write new shards into ANSWERS_DIR from shard
+#      CORPUS_FROM on, CORPUS_SHARDS at most (each takes every CORPUS_WORKERS-th; CORPUS_ARGS
+#      go to each: seeds, --batch, --items-per-shard), and are stopped after CORPUS_S
+#      seconds (a shard file is written whole or not at all), while the teacher pass caches
+#      the shards already there;
 #   1. the teacher pass over an answer corpus (`spectune corpus --out`), cached once
 #      (`spectune distill --features-only`), bf16 as every shipped stage was;
 #   2. several training runs side by side on the same GPU, each `--init-from` the given
@@ -20,12 +21,13 @@
 # positions, so its cosine schedule ends after that many epochs' worth); EVAL_EVERY: steps
 # between held-out checks (default 1000); PYTHON: the interpreter holding torch;
 # DEVICE: cuda (default) or cpu, to try the script on a small model without a GPU.
-# CORPUS_S (default 0), CORPUS_WORKERS (default 8), CORPUS_FROM, CORPUS_ARGS: step 0.
+# CORPUS_S (default 0), CORPUS_WORKERS (default 8), CORPUS_FROM, CORPUS_SHARDS, CORPUS_ARGS:
+# step 0.
 # Each run's draft is OUT_DIR/run-LR-BATCH[-POSITIONS]/draft, its log beside it (.log).
 set -euo pipefail
 
 if [ $# -ne 5 ]; then
-    sed -n '2,19p' "$0" >&2
+    sed -n '2,26p' "$0" >&2
     exit 2
 fi
 target=$1 answers=$2 init=$3 out=$4 seconds=$5
@@ -44,6 +46,7 @@ corpus_s=${CORPUS_S:-0}
 if [ "$corpus_s" -gt 0 ]; then
     workers=${CORPUS_WORKERS:-8}
     first=${CORPUS_FROM:?CORPUS_FROM: the first new shard}
+    last=$((first + ${CORPUS_SHARDS:-100000}))
     before=$(ls "$answers"/shard-*.safetensors | wc -l)
     "$python" -m spectune distill "${common[@]}" --features-only --out "$out/teacher" \
         >"$out/teacher-0.log" 2>&1 &
@@ -52,7 +55,7 @@ if [ "$corpus_s" -gt 0 ]; then
     for ((w = 0; w < workers; w++)); do
         # shellcheck disable=SC2086  # CORPUS_ARGS is a list of arguments
         timeout "$corpus_s" "$python" -m spectune corpus --target "$target" --out "$answers" \
-            --device "${DEVICE:-cuda}" --threads 1 --shards "$((first + w)):100000:$workers" \
+            --device "${DEVICE:-cuda}" --threads 1 --shards "$((first + w)):$last:$workers" \
             ${CORPUS_ARGS:-} >"$out/corpus-$w.log" 2>&1 &
         writers+=($!)
     done
