@@ -197,16 +197,32 @@ def one_in_three(step: int, k: int) -> ScriptedStep:
 
 def test_the_steps_correct_a_prior_that_overprices_verification() -> None:
     # On the prior, K = 1 loses (S = 1.33 / 1.395); on the truth it wins (1.33 / 1.125).
-    policy = cost(DEAR, prior_tokens=0.0)
+    # (No K + 1 steps: this script keeps every token of every third step at any K.)
+    policy = cost(DEAR, prior_tokens=0.0, deepen_every=1000)
     trajectory = drive(policy, one_in_three, 80)
     assert trajectory[:3] == [1, 1, 1]  # the warm-up: K = 1, where verification is dear
     assert trajectory[3] == 0  # only two-token steps seen: the prior's shape, K = 0
-    # Plain steps measure one token, the next probe (after 32 plain tokens) two: the fit
-    # now says 1.1x, and K = 1 stays.
+    # One plain step measures one token: with the two-token steps the fit says 1.1x, and
+    # K = 1 is back at once (not 32 plain tokens later, at the next probe) and stays.
     assert policy.learned.curve(9) is not None
     assert policy.learned.curve(9).relative(1) == pytest.approx(1.1)  # type: ignore[union-attr]
-    assert trajectory[-10:] == [1] * 10
+    assert trajectory[4:] == [1] * 76
     assert policy.predicted == pytest.approx((4 / 3) / (0.025 + 1.1), rel=0.05)
+
+
+def test_two_nearby_sizes_do_not_extrapolate_their_noise_to_one_token() -> None:
+    """Three- and two-token steps at 20 and 18 ms on a prior that prices them 1.23x and
+    1.19x one token (int4 on an AMD EPYC, whose plain steps took 15 ms): a line through the
+    two alone put one token at 8.5 ms and priced every K under plain decoding; the prior's
+    own one-token time keeps it near the truth."""
+    prior = CostCurve((1, 2, 3, 9), (1.0, 1.19, 1.23, 2.2))
+    curve = LearnedCurve(smoothing=1.0, slope_prior=0.05, prior=prior)
+    curve.observe(3, 0.020)
+    curve.observe(2, 0.018)
+    one = curve.time(1)
+    assert one is not None and 0.014 < one < 0.017
+    curve.observe(1, 0.015)  # once a one-token step is seen, the line goes through it
+    assert curve.time(1) == pytest.approx(0.015, rel=0.05)
 
 
 def test_policies_sharing_a_calibration_open_from_what_it_learned() -> None:

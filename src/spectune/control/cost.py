@@ -55,8 +55,13 @@ so they do not update the cost estimates (only alpha and the draft cost).
 
 K = 0 when no K beats plain decoding (the reason names alpha and c); while at 0 the policy
 probes with K = 1 every ``probe_every`` plain tokens to refresh alpha and c, so it comes
-back when the draft starts to pay. A new K is taken only when its predicted speedup
-beats the current K's by ``margin`` (hysteresis against noise).
+back when the draft starts to pay, and it decides again after every plain step, whose
+one-token forward corrects the curve: K comes back at once where it fell on costs the
+curve had wrong. Where no one-token step is seen and the sizes seen span less than their
+distance to one token, the line is also fitted through the prior's one-token time (its
+shape scaled to them), so two nearby sizes do not extrapolate their noise to one token.
+A new K is taken only when its predicted speedup beats the current K's by ``margin``
+(hysteresis against noise).
 """
 
 from __future__ import annotations
@@ -152,6 +157,17 @@ class LearnedCurve:
         times = [self.seconds[n] for n in sizes]
         mean_x = sum(xs) / len(xs)
         mean_t = sum(times) / len(times)
+        if len(sizes) > 1 and max(xs) - min(xs) < min(xs):
+            # No one-token step seen and the sizes seen span less than their distance to
+            # one token: a line through them alone extrapolates their noise (int4, AMD EPYC:
+            # three- and two-token steps at 20 and 18 ms, 1.23x and 1.19x on the prior, put
+            # one token at 8.5 ms against the 15 ms plain steps took, and the policy fell to
+            # K = 0). The prior's own one-token time, its shape scaled to the sizes seen,
+            # stands in as one more point.
+            xs.append(0.0)
+            times.append(mean_t / (1.0 + mean_x))
+            mean_x = sum(xs) / len(xs)
+            mean_t = sum(times) / len(times)
         # A noisy fit can put the intercept at or below zero; keep one token's time positive.
         floor = max(1e-3 * mean_t, 1e-12)
         var = sum((x - mean_x) ** 2 for x in xs)
@@ -296,8 +312,10 @@ class CostK:
             if record.shadow_hit is not None:  # a checked guess: a one-token step's evidence
                 self._count_kept(int(record.shadow_hit), 1)
                 self.draft_token_time = ewma(self.draft_token_time, record.draft_time, w)
-                if self.speculative_steps >= cfg.warmup_steps:
-                    self._decide()
+            # A plain step measures the one-token forward: where K fell to 0 on costs the
+            # curve had wrong, it comes back now rather than at the next probe.
+            if self.speculative_steps >= cfg.warmup_steps:
+                self._decide()
             return
         self._count_kept(record.accepted, record.positions)
         deepened = 0 < self.k < record.k
