@@ -36,6 +36,20 @@ def test_top_k_then_top_p_keep_the_documented_tokens() -> None:
     assert tiny.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
 
 
+def test_top_p_on_a_wide_flat_row_keeps_what_a_full_sort_keeps() -> None:
+    """A row whose nucleus holds thousands of tokens (the search widens past its first 256):
+    the kept set is the full sort's, token for token, in every row."""
+    logits = torch.randn(3, 49_152, generator=torch.Generator().manual_seed(0))
+    for top_p in (0.5, 0.9, 0.99):
+        kept = process_logits(logits, SamplingParams(temperature=1.0, top_p=top_p)) > 0
+        probs = logits.softmax(-1)
+        ordered, order = torch.sort(probs, dim=-1, descending=True)
+        keep_sorted = (ordered.cumsum(-1) - ordered) < top_p
+        expected = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        assert int(kept.sum(-1).min()) > 256
+        assert torch.equal(kept, expected)
+
+
 def test_sample_from_draws_one_uniform_per_row() -> None:
     probs = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5], [0.0, 0.0, 3.0]])  # last unnormalised
     generator = torch.Generator().manual_seed(5)
