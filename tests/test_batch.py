@@ -423,3 +423,31 @@ def test_batched_plain_steps_check_a_model_free_drafters_guess(endless: LlamaLM)
         assert tokens_of(got[rid]) == tokens_of(single)
         assert [r.shadow_hit for r in got[rid]] == [r.shadow_hit for r in single]
     assert any(r.shadow_hit is not None for records in got.values() for r in records)
+
+
+def test_batched_plain_steps_check_a_models_guess_at_temperature_0_only(
+    endless: LlamaLM, endless_draft: LlamaLM
+) -> None:
+    """A draft model's guesses are asked for in the draft pass of the rows at T = 0 only
+    (drafters.base.guesses): the same evidence as one sequence alone, and the same output;
+    a sampled row beside them gets none."""
+    greedy, hot = SamplingParams(max_tokens=16), SamplingParams(temperature=0.8, max_tokens=16)
+    engine = BatchEngine(
+        endless,
+        ModelDrafter(endless_draft),
+        max_batch=3,
+        capacity=256,
+        policy_factory=lambda p: ShadowOnly(),
+    )
+    wanted = {"a": (PROMPTS["a"], greedy), "b": (PROMPTS["b"], greedy), "c": (PROMPTS["c"], hot)}
+    got = run_batch(engine, wanted)
+    for rid in ("a", "b"):
+        single = list(
+            SpeculativeEngine(endless, ModelDrafter(endless_draft)).generate(
+                PROMPTS[rid], greedy, policy=ShadowOnly()
+            )
+        )
+        assert tokens_of(got[rid]) == tokens_of(single)
+        assert [r.shadow_hit for r in got[rid]] == [r.shadow_hit for r in single]
+        assert all(r.shadow_hit is not None for r in got[rid][:-1])
+    assert all(r.shadow_hit is None for r in got["c"])

@@ -13,6 +13,7 @@ from spectune.control.cost import LearnedCurve
 from spectune.control.costs import CostCurve, optimal_k
 from spectune.control.registry import shared_calibration
 from spectune.control.replay import ScriptedStep, drive, fake_record
+from spectune.errors import InvalidParameterError
 
 # A GPU-like curve: verifying k tokens costs little more than one.
 FLAT = CostCurve((1, 2, 4, 8, 16), (0.010, 0.0101, 0.0103, 0.0108, 0.012))
@@ -276,7 +277,7 @@ def test_checked_guesses_on_plain_steps_bring_k_back_before_a_probe() -> None:
     """While K = 0 a model-free drafter's guesses are checked on plain steps
     (StepPlan.shadow): when they start matching, K comes back long before the next probe."""
     policy = cost(FLAT, prior_tokens=0.0, probe_every=32)
-    drive(policy, [0.0] * 3)
+    drive(policy, [ScriptedStep(0.0, draft_time_per_token=5e-5)] * 3)  # a lookup's cost
     assert policy.plan().k == 0 and policy.plan().shadow
     hits = 0
     while policy.plan().k == 0 and hits < 8:
@@ -288,3 +289,22 @@ def test_checked_guesses_on_plain_steps_bring_k_back_before_a_probe() -> None:
         policy.observe(dataclasses.replace(fake_record(0, 0), shadow_hit=False))
     assert policy.alpha is not None and policy.alpha < 0.05
     assert not cost(FLAT, shadow=False).plan().shadow
+
+
+def test_a_drafter_whose_step_costs_more_than_shadow_max_cost_is_not_asked_to_guess() -> None:
+    """Each guess costs the drafter a draft step: at K = 0 the policy asks for one only
+    while the measured cost per drafted token is at most ``shadow_max_cost`` of a target
+    step (a lookup's ~0.005 and the shipped head's ~0.07 are; a draft LM's 0.3 is not)."""
+    for per_token, asked in ((5e-5, True), (7e-4, True), (3e-3, False)):  # c on FLAT: x 100
+        policy = cost(FLAT, prior_tokens=0.0)
+        drive(policy, [ScriptedStep(0.0, draft_time_per_token=per_token)] * 3)
+        assert policy.plan().k == 0
+        assert policy.plan().shadow is asked, per_token
+    # a cheap drafter's guesses that cost more than the bound (a slow stretch) stop them
+    policy = cost(FLAT, prior_tokens=0.0, shadow_max_cost=0.1)
+    drive(policy, [ScriptedStep(0.0, draft_time_per_token=5e-5)] * 3)
+    for _ in range(12):
+        policy.observe(dataclasses.replace(fake_record(0, 0, draft_time=4e-3), shadow_hit=False))
+    assert not policy.plan().shadow
+    with pytest.raises(InvalidParameterError):
+        cost(FLAT, shadow_max_cost=-0.1)

@@ -166,7 +166,7 @@ def test_plain_steps_check_a_model_free_drafters_guess(
     toy_target: LlamaLM, toy_draft: LlamaLM
 ) -> None:
     """A shadow guess is compared with the token the step emitted and changes nothing
-    else; a drafter that runs a model is not asked."""
+    else; a drafter that runs a model is asked at temperature 0 only (next test)."""
     prompt = PROMPTS[1]
     drafter = NgramDrafter()
     records = list(
@@ -186,7 +186,27 @@ def test_plain_steps_check_a_model_free_drafters_guess(
             assert record.shadow_hit is None
         context.extend(record.emitted)
     assert checked > 0 and any(record.shadow_hit for record in records)
-    model = SpeculativeEngine(toy_target, ModelDrafter(toy_draft))
-    assert all(
-        record.shadow_hit is None for record in model.generate(prompt, GREEDY, policy=ShadowOnly())
-    )
+
+
+def test_plain_steps_check_a_models_guess_at_temperature_0_only(
+    toy_target: LlamaLM, toy_draft: LlamaLM
+) -> None:
+    """At T = 0 a draft model's one-token guess is one-hot: it is checked like a lookup's
+    (its greedy token against the emitted one) and the output stays the target's. At
+    T > 0 its drafts are sampled from probabilities, not guesses: it is not asked (no
+    draft time spent, no evidence)."""
+    prompt = PROMPTS[1]
+    engine = SpeculativeEngine(toy_target, ModelDrafter(toy_draft))
+    records = list(engine.generate(prompt, GREEDY, policy=ShadowOnly()))
+    assert [t for record in records for t in record.emitted] == plain(toy_target, prompt)
+    context = list(prompt)
+    for record in records[:-1]:  # the last step may end the request
+        guess = ModelDrafter(toy_draft).propose(context, 1, GREEDY, None)
+        assert record.shadow_hit == (int(guess.tokens[0]) == record.emitted[0])
+        assert record.draft_time > 0.0
+        context.extend(record.emitted)
+    assert {record.shadow_hit for record in records[:-1]} == {True, False}
+    sampled = SamplingParams(temperature=0.8, max_tokens=24, seed=5)
+    hot = list(engine.generate(prompt, sampled, policy=ShadowOnly()))
+    assert all(r.shadow_hit is None and r.draft_time == 0.0 for r in hot)
+    assert [t for r in hot for t in r.emitted] == plain(toy_target, prompt, sampled)

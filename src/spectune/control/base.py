@@ -38,18 +38,20 @@ class StepPlan:
     ``local: ...``); it may come with k > 0 (a probe at K = 1). The engine records it as
     the step's fallback when the step ends up plain.
 
-    ``shadow`` asks, on a plain step, for a model-free drafter's one-token guess to be
-    checked against the token the target emits (``StepRecord.shadow_hit``): acceptance
-    evidence that costs a lookup, not a verification. A one-hot guess d is kept by
-    verification with probability p_target(d), the chance that the target emits d, so
-    the evidence is unbiased at any temperature. Both engines act on it: the batched one
-    asks for the guesses in its draft pass.
+    ``shadow`` asks, on a plain step, for the drafter's one-token guess to be checked
+    against the token the target emits (``StepRecord.shadow_hit``): acceptance evidence
+    that costs a lookup (a model-free drafter) or one draft step (a model), not a
+    verification. A one-hot guess d is kept by verification with probability p_target(d),
+    the chance that the target emits d, so the evidence is unbiased at any temperature.
+    A model-free drafter's guesses are one-hot at any temperature; a model's only at
+    temperature 0, so the engines ask a model for guesses only then (``guesses``). Both
+    engines act on it: the batched one asks for the guesses in its draft pass.
     """
 
     k: int  # draft tokens to propose (0: a plain step)
     verify_groups: tuple[int, ...] | None = None  # [k + 1]: groups by draft length
     reason: str | None = None
-    shadow: bool = False  # k == 0: check a model-free drafter's guess (see above)
+    shadow: bool = False  # k == 0: check the drafter's one-token guess (see above)
 
     def __post_init__(self) -> None:
         if self.k < 0:

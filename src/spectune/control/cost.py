@@ -57,7 +57,11 @@ K = 0 when no K beats plain decoding (the reason names alpha and c); while at 0 
 probes with K = 1 every ``probe_every`` plain tokens to refresh alpha and c, so it comes
 back when the draft starts to pay, and it decides again after every plain step, whose
 one-token forward corrects the curve: K comes back at once where it fell on costs the
-curve had wrong. Where no one-token step is seen and the sizes seen span less than their
+curve had wrong. While at 0 it also has the drafter's one-token guess checked on every
+plain step (``StepPlan.shadow``, ``CostConfig.shadow``): a lookup's guess always, a model's
+while its draft cost is at most ``shadow_max_cost``, since each guess costs a draft step
+(a feature head at K = 0 for 32 tokens after three early misses drafted 1-2 tokens a step
+once a probe let it back). Where no one-token step is seen and the sizes seen span less than their
 distance to one token, the line is also fitted through the prior's one-token time (its
 shape scaled to them), so two nearby sizes do not extrapolate their noise to one token.
 A new K is taken only when its predicted speedup beats the current K's by ``margin``
@@ -94,11 +98,16 @@ class CostConfig:
     prior_tokens: float = 2.0
     position_prior: float = 0.2  # weight of alpha in r_2, r_3, ... (EWMA units: one step)
     deepen_every: int = 32  # speculative steps between K + 1 steps while K >= 1
-    # While K = 0, ask a model-free drafter (suffix, n-gram) for its guess on each plain
-    # step and count whether the target emitted it as a one-token step's acceptance
-    # (StepPlan.shadow): alpha keeps moving while nothing is verified, so a dip of a
-    # bursty drafter does not hold K at 0 until probes, 32 tokens apart, undo it.
+    # While K = 0, ask the drafter for its guess on each plain step and count whether the
+    # target emitted it as a one-token step's acceptance (StepPlan.shadow): alpha keeps
+    # moving while nothing is verified, so a dip of a bursty drafter does not hold K at 0
+    # until probes, 32 tokens apart, undo it. A model-free drafter's guess is a lookup; a
+    # drafter that runs a model (a feature head) is asked only while its measured cost per
+    # drafted token is at most ``shadow_max_cost`` of a one-token target step (the shipped
+    # head: about 0.07 beside int4), and only at temperature 0 (the engines' rule: its
+    # sampled drafts are not one-hot guesses).
     shadow: bool = True
+    shadow_max_cost: float = 0.1
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_k <= MAX_K or not 1 <= self.initial_k <= self.max_k:
@@ -116,8 +125,10 @@ class CostConfig:
             raise InvalidParameterError(f"position_prior must be >= 0, got {self.position_prior}")
         if self.warmup_steps < 1 or self.probe_every < 1 or self.deepen_every < 1:
             raise InvalidParameterError("warmup_steps, probe_every and deepen_every must be >= 1")
-        if self.margin < 0.0 or self.verify_slope_prior < 0.0:
-            raise InvalidParameterError("margin and verify_slope_prior must be >= 0")
+        if self.margin < 0.0 or self.verify_slope_prior < 0.0 or self.shadow_max_cost < 0.0:
+            raise InvalidParameterError(
+                "margin, verify_slope_prior and shadow_max_cost must be >= 0"
+            )
         if not 0.0 <= self.prior_alpha < 1.0 or self.prior_tokens < 0.0:
             raise InvalidParameterError(
                 f"need 0 <= prior_alpha < 1 and prior_tokens >= 0, got "
@@ -296,7 +307,9 @@ class CostK:
         probing = self.k == 0 and self.plain_tokens >= cfg.probe_every
         deepening = 0 < self.k < cfg.max_k and self.since_deepened >= cfg.deepen_every
         k = 1 if probing else self.k + 1 if deepening else self.k
-        return StepPlan(k, self._group_table(k), self._reason(), shadow=cfg.shadow and k == 0)
+        cost = self.draft_cost
+        shadow = cfg.shadow and k == 0 and (cost is None or cost <= cfg.shadow_max_cost)
+        return StepPlan(k, self._group_table(k), self._reason(), shadow=shadow)
 
     def observe(self, record: StepRecord) -> None:
         self._table = None

@@ -67,7 +67,7 @@ from spectune.drafters.base import (
     DraftSource,
     TargetFeatures,
     guessed_token,
-    model_free,
+    guesses,
 )
 from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.models.base import LanguageModel
@@ -302,13 +302,19 @@ class BatchEngine:
         steps = [seq.plan(drafting=drafter is not None, start=step_start) for seq in seqs]
 
         # 2. Draft: one batched pass per draft step; a failure falls back for its sequence.
-        #    A model-free drafter also guesses one token for the plain steps that ask for it
-        #    (StepPlan.shadow), in the same pass: checked against the emitted token in 4.
-        guess = drafter is not None and model_free(drafter)
+        #    The drafter also guesses one token for the plain steps that ask for it
+        #    (StepPlan.shadow, drafters.base.guesses), in the same pass: checked against
+        #    the emitted token in 4.
         requests = [
             DraftRequest(seq.row, seq.context, step.k or 1, seq.params, seq.generator)
             for seq, step in zip(seqs, steps, strict=True)
-            if step.k > 0 or (guess and step.plan.shadow and not seq.drafter_failure)
+            if step.k > 0
+            or (
+                drafter is not None
+                and step.plan.shadow
+                and not seq.drafter_failure
+                and guesses(drafter, seq.params)
+            )
         ]
         draft_time = 0.0
         if requests and drafter is not None:
@@ -326,7 +332,7 @@ class BatchEngine:
                 proposed = [Refusal.error(exc)] * len(requests)
             for req, proposal in zip(requests, proposed, strict=True):
                 if steps[req.row].k == 0:  # a shadow guess: evidence only
-                    steps[req.row].shadow_token = guessed_token(proposal)
+                    steps[req.row].shadow_token = guessed_token(proposal, req.params)
                 else:
                     seqs[req.row].accept(steps[req.row], proposal)
             draft_time = time.perf_counter() - draft_start

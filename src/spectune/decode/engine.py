@@ -28,7 +28,7 @@ from spectune.control.base import FixedK, KPolicy
 from spectune.decode.sequence import SequenceState, Step
 from spectune.decode.step import request_generator
 from spectune.draft import Draft, Refusal, tree_layout
-from spectune.drafters.base import Drafter, TargetFeatures, model_free, shadow_guess
+from spectune.drafters.base import Drafter, TargetFeatures, guesses, shadow_guess
 from spectune.errors import InvalidParameterError
 from spectune.models.base import KVCache, LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
@@ -142,7 +142,7 @@ class SpeculativeEngine:
         if drafter is not None:
             drafter.reset()
             drafter.commit(seq.context, features)
-        guesser = drafter if drafter is not None and model_free(drafter) else None
+        guesser = drafter if drafter is not None and guesses(drafter, params) else None
 
         while True:
             # 2. How many tokens to draft (the policy's K, within max_tokens and the context).

@@ -48,6 +48,7 @@ __all__ = [
     "describe",
     "fresh_drafter",
     "guessed_token",
+    "guesses",
     "model_free",
     "propose_ready",
     "shadow_guess",
@@ -110,8 +111,8 @@ class Renewable(Protocol):
 @runtime_checkable
 class ModelFree(Protocol):
     """Optional: a drafter that runs no model (a lookup: n-gram, suffix), whose drafts are
-    one-hot and cost about nothing to ask for. A policy may have its one-token guess
-    checked on plain steps (``StepPlan.shadow``)."""
+    one-hot and cost about nothing to ask for. Its one-token guess may be checked on plain
+    steps at any temperature (``StepPlan.shadow``, ``guesses``)."""
 
     model_free: bool
 
@@ -121,25 +122,38 @@ def model_free(drafter: object) -> bool:
     return isinstance(drafter, ModelFree) and drafter.model_free
 
 
+def guesses(drafter: object, params: SamplingParams) -> bool:
+    """Whether a plain step that asks for it (``StepPlan.shadow``) may have ``drafter``'s
+    one-token guess checked: a model-free drafter's at any temperature; a model's at
+    temperature 0 only, where its draft is one-hot (a sampled draft carries probabilities,
+    and a guess drawn from them would be kept by verification more often than the target
+    emits it). Whether a model's guess is worth its draft step is the policy's call."""
+    return model_free(drafter) or params.greedy
+
+
 def shadow_guess(
     drafter: Drafter,
     context: Sequence[int],
     params: SamplingParams,
     generator: torch.Generator | None,
 ) -> int | None:
-    """A model-free drafter's one-token guess for a plain step (``StepPlan.shadow``);
+    """The drafter's one-token guess for a plain step (``StepPlan.shadow``, ``guesses``);
     None where it has none, or where it fails (a guess is only evidence: never an error)."""
     try:
-        return guessed_token(drafter.propose(context, 1, params, generator))
+        return guessed_token(drafter.propose(context, 1, params, generator), params)
     except Exception:  # noqa: BLE001 - the step is plain either way
         return None
 
 
-def guessed_token(answer: Draft | Refusal) -> int | None:
-    """The first token of a one-hot chain draft (a shadow guess); None for anything else."""
-    if isinstance(answer, Refusal) or answer.probs is not None or answer.parents is not None:
+def guessed_token(answer: Draft | Refusal, params: SamplingParams) -> int | None:
+    """The first token of a chain draft that is one-hot under ``params`` (a shadow guess):
+    any chain at temperature 0, where verification keeps exactly the target's argmax; a
+    draft without probabilities (a lookup's) at any temperature. None for anything else."""
+    if isinstance(answer, Refusal) or answer.parents is not None or not len(answer):
         return None
-    return int(answer.tokens[0]) if len(answer) else None
+    if answer.probs is not None and not params.greedy:
+        return None
+    return int(answer.tokens[0])
 
 
 def fresh_drafter(drafter: Drafter) -> Drafter:
