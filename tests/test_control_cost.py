@@ -291,20 +291,31 @@ def test_checked_guesses_on_plain_steps_bring_k_back_before_a_probe() -> None:
     assert not cost(FLAT, shadow=False).plan().shadow
 
 
-def test_a_drafter_whose_step_costs_more_than_shadow_max_cost_is_not_asked_to_guess() -> None:
-    """Each guess costs the drafter a draft step: at K = 0 the policy asks for one only
-    while the measured cost per drafted token is at most ``shadow_max_cost`` of a target
-    step (a lookup's ~0.005 and the shipped head's ~0.07 are; a draft LM's 0.3 is not)."""
-    for per_token, asked in ((5e-5, True), (7e-4, True), (3e-3, False)):  # c on FLAT: x 100
-        policy = cost(FLAT, prior_tokens=0.0)
-        drive(policy, [ScriptedStep(0.0, draft_time_per_token=per_token)] * 3)
-        assert policy.plan().k == 0
-        assert policy.plan().shadow is asked, per_token
-    # a cheap drafter's guesses that cost more than the bound (a slow stretch) stop them
-    policy = cost(FLAT, prior_tokens=0.0, shadow_max_cost=0.1)
+def test_guesses_are_asked_as_often_as_their_cost_fits_the_shadow_budget() -> None:
+    """Each guess costs the drafter a draft step: at K = 0 a guess costing s of a target
+    step is asked every ceil(s / shadow_budget) plain steps (a lookup's ~0.005 and a head's
+    ~0.07 every step at the default 0.1, a draft LM's 0.3 every third), and its time is
+    not a draft-cost sample (a one-token call carries the drafter's fixed cost)."""
+    for seconds, every in ((5e-5, 1), (7e-4, 1), (3e-3, 3)):  # s on FLAT: x 100
+        policy = cost(FLAT, prior_tokens=0.0, probe_every=1000)
+        drive(policy, [ScriptedStep(0.0, draft_time_per_token=seconds)] * 3)
+        per_token = policy.draft_token_time
+        asked = []
+        for _ in range(3 * every):
+            plan = policy.plan()
+            assert plan.k == 0
+            asked.append(plan.shadow)
+            spent = seconds if plan.shadow else 0.0
+            record = fake_record(0, 0, draft_time=spent, target_time=0.010)
+            policy.observe(dataclasses.replace(record, shadow_hit=False if spent else None))
+        times = [i for i, shadow in enumerate(asked) if shadow]
+        assert times[0] < every and len(times) == 3, (seconds, asked)
+        assert {b - a for a, b in zip(times, times[1:], strict=False)} == {every}
+        assert policy.draft_token_time == per_token  # guesses leave c as measured
+    # a guess that turns out dearer than the drafted tokens spaces the next ones out
+    policy = cost(FLAT, prior_tokens=0.0, probe_every=1000)
     drive(policy, [ScriptedStep(0.0, draft_time_per_token=5e-5)] * 3)
-    for _ in range(12):
-        policy.observe(dataclasses.replace(fake_record(0, 0, draft_time=4e-3), shadow_hit=False))
+    policy.observe(dataclasses.replace(fake_record(0, 0, draft_time=5e-3), shadow_hit=False))
     assert not policy.plan().shadow
     with pytest.raises(InvalidParameterError):
-        cost(FLAT, shadow_max_cost=-0.1)
+        cost(FLAT, shadow_budget=0.0)

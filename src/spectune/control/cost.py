@@ -57,19 +57,27 @@ K = 0 when no K beats plain decoding (the reason names alpha and c); while at 0 
 probes with K = 1 every ``probe_every`` plain tokens to refresh alpha and c, so it comes
 back when the draft starts to pay, and it decides again after every plain step, whose
 one-token forward corrects the curve: K comes back at once where it fell on costs the
-curve had wrong. While at 0 it also has the drafter's one-token guess checked on every
-plain step (``StepPlan.shadow``, ``CostConfig.shadow``): a lookup's guess always, a model's
-while its draft cost is at most ``shadow_max_cost``, since each guess costs a draft step
-(a feature head at K = 0 for 32 tokens after three early misses drafted 1-2 tokens a step
-once a probe let it back). Where no one-token step is seen and the sizes seen span less than their
-distance to one token, the line is also fitted through the prior's one-token time (its
-shape scaled to them), so two nearby sizes do not extrapolate their noise to one token.
+curve had wrong. While at 0 it also has the drafter's one-token guess checked on plain
+steps (``StepPlan.shadow``, ``CostConfig.shadow``), as often as ``shadow_budget``
+allows: a guess that costs s of a one-token target step is asked every ceil(s / budget)
+plain steps, so a lookup's guess (s ~ 0.005) and the shipped head's (s ~ 0.08 beside int4)
+are checked on every plain step, a draft model's at s = 0.3 on every third, and guesses
+never cost more than the budget on average (int4, 35 test prompts, T = 0: the head's
+`cost` 1.06x with no guesses, 1.08x with a budget of 0.03, 1.10-1.11x with one on every
+plain step). (Without them the shipped head, at K = 0 for 32 tokens after three
+early misses, drafted 1-2 tokens a step again once a probe let it back.) A guess's time
+is not a draft cost sample: one token asked for alone carries the drafter's fixed cost
+per call, which a K-token draft spreads over K tokens. Where no one-token step is seen and
+the sizes seen span less than their distance to one token, the line is also fitted through
+the prior's one-token time (its shape scaled to them), so two nearby sizes do not
+extrapolate their noise to one token.
 A new K is taken only when its predicted speedup beats the current K's by ``margin``
 (hysteresis against noise).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from spectune.control.base import PolicyState, StepPlan
@@ -98,16 +106,15 @@ class CostConfig:
     prior_tokens: float = 2.0
     position_prior: float = 0.2  # weight of alpha in r_2, r_3, ... (EWMA units: one step)
     deepen_every: int = 32  # speculative steps between K + 1 steps while K >= 1
-    # While K = 0, ask the drafter for its guess on each plain step and count whether the
-    # target emitted it as a one-token step's acceptance (StepPlan.shadow): alpha keeps
+    # While K = 0, ask the drafter for its one-token guess on plain steps and count whether
+    # the target emitted it as a one-token step's acceptance (StepPlan.shadow): alpha keeps
     # moving while nothing is verified, so a dip of a bursty drafter does not hold K at 0
-    # until probes, 32 tokens apart, undo it. A model-free drafter's guess is a lookup; a
-    # drafter that runs a model (a feature head) is asked only while its measured cost per
-    # drafted token is at most ``shadow_max_cost`` of a one-token target step (the shipped
-    # head: about 0.07 beside int4), and only at temperature 0 (the engines' rule: its
-    # sampled drafts are not one-hot guesses).
+    # until probes, 32 tokens apart, undo it. A lookup's guess costs about nothing; a
+    # model's (a feature head's) a draft step, and only at temperature 0 (the engines'
+    # rule: its sampled drafts are not one-hot guesses). ``shadow_budget``: the share of a
+    # plain step that guesses may cost on average, which sets how often they are asked.
     shadow: bool = True
-    shadow_max_cost: float = 0.1
+    shadow_budget: float = 0.1
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_k <= MAX_K or not 1 <= self.initial_k <= self.max_k:
@@ -125,10 +132,10 @@ class CostConfig:
             raise InvalidParameterError(f"position_prior must be >= 0, got {self.position_prior}")
         if self.warmup_steps < 1 or self.probe_every < 1 or self.deepen_every < 1:
             raise InvalidParameterError("warmup_steps, probe_every and deepen_every must be >= 1")
-        if self.margin < 0.0 or self.verify_slope_prior < 0.0 or self.shadow_max_cost < 0.0:
-            raise InvalidParameterError(
-                "margin, verify_slope_prior and shadow_max_cost must be >= 0"
-            )
+        if self.margin < 0.0 or self.verify_slope_prior < 0.0:
+            raise InvalidParameterError("margin and verify_slope_prior must be >= 0")
+        if self.shadow_budget <= 0.0:
+            raise InvalidParameterError(f"shadow_budget must be > 0, got {self.shadow_budget}")
         if not 0.0 <= self.prior_alpha < 1.0 or self.prior_tokens < 0.0:
             raise InvalidParameterError(
                 f"need 0 <= prior_alpha < 1 and prior_tokens >= 0, got "
@@ -240,6 +247,8 @@ class CostK:
         self.reaches = [0] * MAX_K
         self.since_deepened = 0  # speculative steps since the last K + 1 step
         self.draft_token_time: float | None = None  # EWMA seconds per drafted token
+        self.guess_time: float | None = None  # EWMA seconds of a plain step's guess
+        self.since_guess = 0  # plain steps since the last guess (StepPlan.shadow)
         self.target_one: float | None = None  # one-token target step seconds (learned)
         self.predicted: float | None = None  # S(K) of the current K at the last decision
         # Groups by draft length 0..max_k from the current estimates (``_group_table``);
@@ -307,9 +316,16 @@ class CostK:
         probing = self.k == 0 and self.plain_tokens >= cfg.probe_every
         deepening = 0 < self.k < cfg.max_k and self.since_deepened >= cfg.deepen_every
         k = 1 if probing else self.k + 1 if deepening else self.k
-        cost = self.draft_cost
-        shadow = cfg.shadow and k == 0 and (cost is None or cost <= cfg.shadow_max_cost)
+        shadow = cfg.shadow and k == 0 and self.since_guess + 1 >= self._guess_every()
         return StepPlan(k, self._group_table(k), self._reason(), shadow=shadow)
+
+    def _guess_every(self) -> int:
+        """Plain steps per guess while K = 0: ceil(s / ``shadow_budget``), s a guess's cost
+        in one-token target steps (before one is measured, a drafted token's)."""
+        seconds = self.guess_time if self.guess_time is not None else self.draft_token_time
+        if seconds is None or not self.target_one:
+            return 1
+        return max(1, math.ceil(seconds / self.target_one / self.config.shadow_budget))
 
     def observe(self, record: StepRecord) -> None:
         self._table = None
@@ -324,7 +340,11 @@ class CostK:
                 self.plain_tokens += len(record.emitted)
             if record.shadow_hit is not None:  # a checked guess: a one-token step's evidence
                 self._count_kept(int(record.shadow_hit), 1)
-                self.draft_token_time = ewma(self.draft_token_time, record.draft_time, w)
+            if record.draft_time > 0.0:  # a guess was asked for (a drafter may have none)
+                self.guess_time = ewma(self.guess_time, record.draft_time, w)
+                self.since_guess = 0
+            else:
+                self.since_guess += 1
             # A plain step measures the one-token forward: where K fell to 0 on costs the
             # curve had wrong, it comes back now rather than at the next probe.
             if self.speculative_steps >= cfg.warmup_steps:
