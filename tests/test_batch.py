@@ -403,18 +403,19 @@ def test_both_step_engines_share_one_add_contract(toy_target: LlamaLM, kind: str
         engine.add("z", [], params)
 
 
+def guessing(target: LlamaLM, drafter: PerRow | ModelDrafter) -> BatchEngine:
+    """A batched engine of three rows whose steps are all plain and ask for guesses."""
+    return BatchEngine(
+        target, drafter, max_batch=3, capacity=256, policy_factory=lambda p: ShadowOnly()
+    )
+
+
 def test_batched_plain_steps_check_a_model_free_drafters_guess(endless: LlamaLM) -> None:
     """The batched engine asks a model-free session for the guesses of its plain steps
     that want them (StepPlan.shadow), in the draft pass: the same evidence as one
     sequence alone, and the same output."""
     params = SamplingParams(max_tokens=24)
-    engine = BatchEngine(
-        endless,
-        PerRow(NgramDrafter),
-        max_batch=3,
-        capacity=256,
-        policy_factory=lambda p: ShadowOnly(),
-    )
+    engine = guessing(endless, PerRow(NgramDrafter))
     got = run_batch(engine, {rid: (p, params) for rid, p in PROMPTS.items()})
     for rid, prompt in PROMPTS.items():
         single = list(
@@ -432,13 +433,7 @@ def test_batched_plain_steps_check_a_models_guess_at_temperature_0_only(
     (drafters.base.guesses): the same evidence as one sequence alone, and the same output;
     a sampled row beside them gets none."""
     greedy, hot = SamplingParams(max_tokens=16), SamplingParams(temperature=0.8, max_tokens=16)
-    engine = BatchEngine(
-        endless,
-        ModelDrafter(endless_draft),
-        max_batch=3,
-        capacity=256,
-        policy_factory=lambda p: ShadowOnly(),
-    )
+    engine = guessing(endless, ModelDrafter(endless_draft))
     wanted = {"a": (PROMPTS["a"], greedy), "b": (PROMPTS["b"], greedy), "c": (PROMPTS["c"], hot)}
     got = run_batch(engine, wanted)
     for rid in ("a", "b"):
