@@ -340,7 +340,8 @@ class CostK:
                 self.plain_tokens += len(record.emitted)
             if record.shadow_hit is not None:  # a checked guess: a one-token step's evidence
                 self._count_kept(int(record.shadow_hit), 1)
-            if record.draft_time > 0.0:  # a guess was asked for (a drafter may have none)
+                # (In a batch a step's draft time is the whole pass's, so a plain step's
+                # draft time alone does not say that it guessed.)
                 self.guess_time = ewma(self.guess_time, record.draft_time, w)
                 self.since_guess = 0
             else:
