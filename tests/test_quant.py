@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from pathlib import Path
+from unittest import mock
 
 import gguf
 import numpy as np
@@ -17,6 +18,7 @@ from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.model import ModelDrafter
 from spectune.errors import ModelLoadError
+from spectune.models import quant
 from spectune.models.llama import Block, LlamaLM
 from spectune.models.loading import load_model
 from spectune.models.quant import (
@@ -144,12 +146,50 @@ def test_quantize_needs_the_native_runtime_and_a_known_mode(tmp_path: Path) -> N
 
 
 def _quantised(model: LlamaLM, mode: str) -> LlamaLM:
+    """``mode``: int8, int4, or "int8-split": int8 with every layer on oneDNN's split path
+    (which otherwise only layers of ``SPLIT_MIN_WEIGHTS`` weights take)."""
     net = copy.deepcopy(model.net)
-    quantize_net(net, mode)  # type: ignore[arg-type]
+    with mock.patch.object(quant, "SPLIT_MIN_WEIGHTS", 0 if mode == "int8-split" else 1 << 22):
+        quantize_net(net, mode.removesuffix("-split"))  # type: ignore[arg-type]
     return LlamaLM(net, name=f"{model.info.name}-{mode}")
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_large_int8_layer_runs_on_onednn_with_its_activations_split_in_two_rows() -> None:
+    """Layers of ``SPLIT_MIN_WEIGHTS`` weights (the default model's output head): each row
+    is split into ``high + low / 254`` int8 rows and multiplied exactly, so the output is the
+    float matmul up to the split's rounding (at most peak / 64,516 per activation) and fp32
+    arithmetic; the same bits whatever the rows beside it; and ``.weight`` gives the codes
+    times their fp32 scales."""
+    out_features, in_features = 8192, 512
+    assert out_features * in_features == quant.SPLIT_MIN_WEIGHTS
+    codes, scales = int8_codes_from_float(_weights(out_features, in_features, 3))
+    layer = Int8Linear(codes, scales)
+    assert layer.onednn is not None  # x86 builds of PyTorch carry oneDNN
+    weight = codes.double() * scales.double()[:, None]  # [out, in]
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(9, in_features, generator=gen) * torch.rand(1, in_features, generator=gen)
+    out = layer(x)
+    peak = x.abs().amax(dim=1, keepdim=True).double()
+    split_error = peak / (127 * 254 * 2) * weight.abs().sum(dim=1)  # [rows, out]
+    float_error = 1e-6 * (x.double().abs() @ weight.abs().T)
+    excess = (out.double() - x.double() @ weight.T).abs() - split_error - float_error
+    assert float(excess.max()) <= 0.0, float(excess.max())
+    for count in range(1, 10):  # batch invariance, bit for bit
+        assert torch.equal(layer(x[:count]), out[:count])
+        assert torch.equal(layer(x[count - 1 : count]), out[count - 1 : count])
+    assert torch.allclose(layer.weight.double(), weight, rtol=1e-6, atol=0.0)
+    edge = torch.zeros(2, in_features)
+    edge[1, 0] = float("nan")
+    got = layer(edge)
+    assert torch.equal(got[0], torch.zeros(out_features)) and not got[1].isfinite().any()
+
+
+def test_a_small_int8_layer_stays_on_int8pack() -> None:
+    codes, scales = int8_codes_from_float(_weights(32, 64, 1))
+    assert Int8Linear(codes, scales).onednn is None
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4", "int8-split"])
 def test_speculative_greedy_equals_the_quantised_target(toy_target: LlamaLM, mode: str) -> None:
     """Losslessness is relative to the target as it runs: the quantised target's own plain
     greedy output, for a float draft and a quantised one, several K."""
@@ -252,7 +292,7 @@ def _one_at_a_time(model: LlamaLM, prefix: list[int], tokens: list[int]) -> torc
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("mode", ["int8", "int4", "int8-split"])
 def test_a_quantised_position_scores_alike_alone_and_beside_others(mode: str) -> None:
     """Batch invariance: on the weight-only kernels a position's logits are the same bits
     in a verification chunk, in a ragged batch and in a token tree as in one-token
