@@ -202,6 +202,7 @@ def test_verification_curves_come_from_this_machine_first_then_the_shipped_file(
 def test_a_machine_without_a_curve_of_its_own_measures_it_once(toy_target: LlamaLM) -> None:
     """Measured, recorded under this machine, then read back without measuring again."""
     from spectune.control.crossover import (
+        CURVE_REVISION,
         MEASURED_SIZES,
         crossover_path,
         curve_for_this_machine,
@@ -228,6 +229,20 @@ def test_a_machine_without_a_curve_of_its_own_measures_it_once(toy_target: Llama
         torch.set_num_threads(threads)
     curve_for_this_machine(toy_target, repeats=1, report=heard.append)
     assert len(heard) == 2  # the first machine's curve is still recorded
+    # A record from older kernels (no revision, or another) is measured again.
+    recorded = json.loads(crossover_path().read_text())
+    for entry in recorded.values():
+        del entry["verify_curve_revision"]
+    crossover_path().write_text(json.dumps(recorded))
+    curve_for_this_machine(toy_target, repeats=1, report=heard.append)
+    assert len(heard) == 3
+    remeasured = json.loads(crossover_path().read_text())
+    assert (
+        remeasured[next(k for k in remeasured if k.endswith(machine_of(toy_target)))][
+            "verify_curve_revision"
+        ]
+        == CURVE_REVISION
+    )
 
 
 @pytest.mark.slow

@@ -49,6 +49,7 @@ from spectune.models.devices import machine_of
 from spectune.models.llama import COMPILED
 
 __all__ = [
+    "CURVE_REVISION",
     "MEASURED_SIZES",
     "crossover_path",
     "curve_for_this_machine",
@@ -62,6 +63,11 @@ __all__ = [
 
 ANY_DRAFT = "*"
 FP32 = "fp32"
+# What a machine's recorded curve was measured with: bumped when a runtime's kernels change
+# what a forward over n tokens costs, so such a record is measured again rather than trusted
+# (1: unnumbered records; 2: int8 layers of 4M+ weights, the default model's output head,
+# on oneDNN, 2026-12-05).
+CURVE_REVISION = 2
 # Tokens per forward that ``curve_for_this_machine`` times: every chain up to K = 8 plus
 # its pending token, and trees of up to 16 nodes.
 MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17)
@@ -105,13 +111,16 @@ def _curve(
 ) -> CostCurve | None:
     """The curve under ``info``/``runtime`` in ``data``; with ``machine``, only one
     measured there (its own entry, else an entry that names no machine: an older record
-    of this machine)."""
+    of this machine) by today's kernels (``CURVE_REVISION``)."""
     entry = data.get(_machine_key(info, runtime, machine)) if machine is not None else None
     if not isinstance(entry, dict):
         entry = data.get(_key(info, None, runtime))
     if not isinstance(entry, dict):
         return None
-    if machine is not None and entry.get("verify_curve_machine", machine) != machine:
+    if machine is not None and (
+        entry.get("verify_curve_machine", machine) != machine
+        or entry.get("verify_curve_revision", 1) != CURVE_REVISION
+    ):
         return None
     found = entry.get("verify_curve")
     if not isinstance(found, dict):
@@ -226,6 +235,7 @@ def save_verify_curve(
     entry = {
         "verify_curve": {"sizes": list(curve.sizes), "relative": relative},
         "verify_curve_machine": machine,
+        "verify_curve_revision": CURVE_REVISION,
         **detail,
     }
     return _store(_machine_key(info, runtime, machine), entry)
