@@ -1,5 +1,6 @@
 """One target forward over 1, 2, 3, 4 and 6 tokens after a prompt (median of 30, twice),
 and with a second argument a torch profile of the 1- and 3-token forwards by operator.
+A compiled runtime (``int4+compile``) times 1, 2 and 3 tokens, their graphs compiled first.
 
 Usage: MKL_CBWR=AVX2 python docs/results/bench-model-guesses-int4/forward-rows.py int4 [prof]
 """
@@ -13,8 +14,13 @@ from torch.profiler import ProfilerActivity, profile
 from spectune.drafters.pairing import load_target_at
 
 torch.set_num_threads(2)
-target = load_target_at("default", sys.argv[1] if len(sys.argv) > 1 else "int4")
+precision = sys.argv[1] if len(sys.argv) > 1 else "int4"
+target = load_target_at("default", precision)
 model = target.model
+chunks = (1, 2, 3, 4, 6)
+if precision.endswith("+compile"):
+    chunks = (1, 2, 3)
+    model.compile_chunks(chunks[-1])
 chat = [{"role": "user", "content": "Explain in three sentences why the sky is blue."}]
 prompt = torch.tensor([target.tokenizer.encode_chat(chat)])
 
@@ -37,7 +43,7 @@ def median_ms(chunk: int, n: int = 30) -> float:
 
 
 for _ in range(2):
-    print([(chunk, round(median_ms(chunk), 2)) for chunk in (1, 2, 3, 4, 6)], flush=True)
+    print([(chunk, round(median_ms(chunk), 2)) for chunk in chunks], flush=True)
 if len(sys.argv) > 2:
     for chunk in (1, 3):
         cache = after_prompt()
