@@ -231,18 +231,14 @@ def test_a_machine_without_a_curve_of_its_own_measures_it_once(toy_target: Llama
     assert len(heard) == 2  # the first machine's curve is still recorded
     # A record from older kernels (no revision, or another) is measured again.
     recorded = json.loads(crossover_path().read_text())
+    key = f"{toy_target.info.name}|{toy_target.info.num_parameters}|*@{machine_of(toy_target)}"
+    assert key in recorded
     for entry in recorded.values():
         del entry["verify_curve_revision"]
     crossover_path().write_text(json.dumps(recorded))
     curve_for_this_machine(toy_target, repeats=1, report=heard.append)
     assert len(heard) == 3
-    remeasured = json.loads(crossover_path().read_text())
-    assert (
-        remeasured[next(k for k in remeasured if k.endswith(machine_of(toy_target)))][
-            "verify_curve_revision"
-        ]
-        == CURVE_REVISION
-    )
+    assert json.loads(crossover_path().read_text())[key]["verify_curve_revision"] == CURVE_REVISION
 
 
 @pytest.mark.slow

@@ -149,7 +149,8 @@ def _quantised(model: LlamaLM, mode: str) -> LlamaLM:
     """``mode``: int8, int4, or "int8-split": int8 with every layer on oneDNN's split path
     (which otherwise only layers of ``SPLIT_MIN_WEIGHTS`` weights take)."""
     net = copy.deepcopy(model.net)
-    with mock.patch.object(quant, "SPLIT_MIN_WEIGHTS", 0 if mode == "int8-split" else 1 << 22):
+    threshold = 0 if mode == "int8-split" else quant.SPLIT_MIN_WEIGHTS
+    with mock.patch.object(quant, "SPLIT_MIN_WEIGHTS", threshold):
         quantize_net(net, mode.removesuffix("-split"))  # type: ignore[arg-type]
     return LlamaLM(net, name=f"{model.info.name}-{mode}")
 

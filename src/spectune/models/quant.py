@@ -18,9 +18,10 @@ Kernels (PyTorch's own; nothing hand-written here):
   both by the weights in one call (integer sums, exact) and the layer adds
   ``high + low / 254`` back up: the activations keep about 15 bits per row, finer than
   bf16's 8 for every entry above 1/128 of the row's largest. Measured on the default model's
-  head (49152 x 576, both cores): 0.5 ms a row against int8pack's 1.4, and rows cost little
-  more than one (3 rows 0.8 ms, int8pack 2.2), while on the small trunk layers the call's
-  fixed cost loses to int8pack, hence the size rule.
+  head (49152 x 576) inside an int4 forward, both cores (torch profile of
+  ``docs/results/bench-model-guesses-int4/forward-rows.py int4 prof``): 1.2 ms at 1 token
+  and 1.1 ms at 3, against int8pack's 1.9 and 2.8; on the small trunk layers the call's
+  fixed cost loses to int8pack and int4, hence the size rule.
 
 The int4 and int8pack kernels want bf16 activations: fp32 (or fp16) activations take
 PyTorch's slow fallback (10-40x slower on this machine's shapes), so such a layer casts its
@@ -144,7 +145,7 @@ class _WeightOnlyLinear(nn.Module):
     @property
     def weight(self) -> Tensor:
         """The float weights [out, in] the layer multiplies by: the layer applied to the
-        identity (so exactly the kernel's values, bf16-rounded), for readers of ``.weight``
+        identity (so exactly the kernel's values, as it rounds them), for readers of ``.weight``
         such as a feature head sharing the target's output rows."""
         eye = torch.eye(self.in_features)
         weight: Tensor = self._matmul(eye).float().T.contiguous()
