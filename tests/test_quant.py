@@ -361,6 +361,27 @@ def test_dtype_auto_runs_a_4_bit_gguf_on_int4_and_anything_else_on_fp32(tmp_path
     assert auto_precision("default", None, cpu).name == "int4"  # SmolLM2's Q4_1 file
 
 
+def test_choosing_and_loading_a_gguf_parses_it_once_and_a_rewritten_file_again(
+    tmp_path: Path,
+) -> None:
+    """``--dtype auto`` and the int4 load ask the file four questions (architecture, 4-bit
+    blocks, weights, int4 codes): one parse (3.5 s on the default model) serves them all,
+    and a file written since is parsed anew."""
+    import gguf
+
+    from spectune.cli.common import auto_precision
+
+    path = tmp_path / "toy.gguf"
+    write_gguf(path, _quantisable_toy(), Q.Q4_1)
+    with mock.patch.object(gguf, "GGUFReader", wraps=gguf.GGUFReader) as reader:
+        assert auto_precision(str(path), "auto", torch.device("cpu")).name == "int4"
+        assert isinstance(load_model(path, quantize="int4"), LlamaLM)
+        assert reader.call_count == 1
+        write_gguf(path, _quantisable_toy(), Q.Q8_0)
+        assert auto_precision(str(path), "auto", torch.device("cpu")).name == "fp32"
+        assert reader.call_count == 2
+
+
 def test_a_quantised_feature_head_runs_on_the_kernels_as_its_weights_say() -> None:
     """``FeatureHead.quantize``: every linear layer and the output rows on the kernel, and
     the head computes what a float head holding the quantised weights (``.weight``)

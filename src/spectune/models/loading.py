@@ -12,6 +12,7 @@ better pass ``allow_missing_weights``, which downgrades the error to a ``Spectun
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -112,6 +113,20 @@ def load_model(
     forwards run (``spectune.models.devices``). Weights the model expects but the files lack, or
     tensors it does not use, raise ``ModelLoadError``; ``allow_missing_weights`` warns
     instead (missing ones then keep their random initialisation)."""
+    try:
+        return _load_model(ref, dtype, runtime, allow_missing_weights, quantize, device)
+    finally:
+        _parsed_gguf.cache_clear()  # the parsed metadata is not needed after a load
+
+
+def _load_model(
+    ref: str | Path,
+    dtype: torch.dtype,
+    runtime: str,
+    allow_missing_weights: bool,
+    quantize: QuantMode,
+    device: torch.device | str,
+) -> LanguageModel:
     if quantize not in QUANT_MODES:
         raise ModelLoadError(f"unknown quantization {quantize!r} (none, int8 or int4)")
     device = torch.device(device)
@@ -208,10 +223,23 @@ def _needs_hf(config: dict[str, Any]) -> bool:
 
 
 def _gguf_reader(path: Path) -> Any:
+    """The file's ``gguf.GGUFReader``, parsed once for all the questions a load asks of it
+    (architecture, 4-bit blocks, config, tensors). The reader parses every metadata field
+    in Python: 3.5 s and 170 MB for the default model's 49,152-token vocabulary, which the
+    CLI's three reads turned into 10 of its 13 s start. ``load_model`` drops it when done."""
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
+    return _parsed_gguf(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)  # keyed by modification time and size: an edited file is re-read
+def _parsed_gguf(path: str, mtime_ns: int, size: int) -> Any:
     import gguf
 
     try:
-        return gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(path)
     except Exception as exc:  # the reader raises many kinds on truncated or foreign files
         raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
 
