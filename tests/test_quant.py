@@ -361,25 +361,45 @@ def test_dtype_auto_runs_a_4_bit_gguf_on_int4_and_anything_else_on_fp32(tmp_path
     assert auto_precision("default", None, cpu).name == "int4"  # SmolLM2's Q4_1 file
 
 
-def test_choosing_and_loading_a_gguf_parses_it_once_and_a_rewritten_file_again(
+def test_choosing_and_loading_a_gguf_parses_it_once_then_never_until_it_changes(
     tmp_path: Path,
 ) -> None:
     """``--dtype auto`` and the int4 load ask the file four questions (architecture, 4-bit
     blocks, weights, int4 codes): one parse (3.5 s on the default model) serves them all,
-    and a file written since is parsed anew."""
+    the answers are cached, so the next start parses nothing and runs the same model, and
+    a file written since is parsed anew."""
     import gguf
 
     from spectune.cli.common import auto_precision
 
     path = tmp_path / "toy.gguf"
     write_gguf(path, _quantisable_toy(), Q.Q4_1)
+    tokens = torch.randint(3, 96, (1, 12), generator=torch.Generator().manual_seed(2))
+    logits = []
     with mock.patch.object(gguf, "GGUFReader", wraps=gguf.GGUFReader) as reader:
-        assert auto_precision(str(path), "auto", torch.device("cpu")).name == "int4"
-        assert isinstance(load_model(path, quantize="int4"), LlamaLM)
-        assert reader.call_count == 1
+        for _ in range(2):
+            assert auto_precision(str(path), "auto", torch.device("cpu")).name == "int4"
+            model = load_model(path, quantize="int4")
+            assert reader.call_count == 1
+            logits.append(model.forward(tokens, model.new_cache(1, 16)).logits)
         write_gguf(path, _quantisable_toy(), Q.Q8_0)
         assert auto_precision(str(path), "auto", torch.device("cpu")).name == "fp32"
         assert reader.call_count == 2
+    assert torch.equal(logits[0], logits[1])
+
+
+def test_a_damaged_gguf_cache_is_read_from_the_file_again(tmp_path: Path) -> None:
+    from spectune.models.cache_dir import derived_path
+
+    path = tmp_path / "toy.gguf"
+    write_gguf(path, _quantisable_toy(), Q.Q4_1)
+    tokens = torch.randint(3, 96, (1, 12), generator=torch.Generator().manual_seed(2))
+    first = load_model(path, quantize="int4")
+    expected = first.forward(tokens, first.new_cache(1, 16)).logits
+    for kind, name in (("gguf-summary", "summary.json"), ("gguf-int4", "layers.safetensors")):
+        (derived_path(path, kind) / name).write_bytes(b"{not json nor safetensors")
+    model = load_model(path, quantize="int4")
+    assert torch.equal(model.forward(tokens, model.new_cache(1, 16)).logits, expected)
 
 
 def test_a_quantised_feature_head_runs_on_the_kernels_as_its_weights_say() -> None:

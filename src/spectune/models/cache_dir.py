@@ -1,4 +1,5 @@
-"""Where spectune keeps derived files (dequantised GGUF weights, converted tokenizers).
+"""Where spectune keeps derived files (dequantised GGUF weights, GGUF int4 codes and summaries,
+converted tokenizers).
 
 Converting a GGUF costs seconds on every load; the converted form is cached under
 ``$SPECTUNE_CACHE`` (default ``~/.cache/spectune``), keyed by the source file's path,

@@ -16,6 +16,7 @@ import functools
 import importlib.metadata
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -224,9 +225,11 @@ def _needs_hf(config: dict[str, Any]) -> bool:
 
 def _gguf_reader(path: Path) -> Any:
     """The file's ``gguf.GGUFReader``, parsed once for all the questions a load asks of it
-    (architecture, 4-bit blocks, config, tensors). The reader parses every metadata field
-    in Python: 3.5 s and 170 MB for the default model's 49,152-token vocabulary, which the
-    CLI's three reads turned into 10 of its 13 s start. ``load_model`` drops it when done."""
+    (architecture, 4-bit blocks, config, tensors) when their caches are cold. The reader
+    parses every metadata field in Python: 3.5 s and 170 MB for the default model's
+    49,152-token vocabulary, read three times per start before (13.1 s for ``spectune
+    generate --chat Hi --draft none --max-tokens 1``; 4.9 s now, caches warm).
+    ``load_model`` drops it when done."""
     try:
         stat = path.stat()
     except OSError as exc:
@@ -249,8 +252,28 @@ def _gguf_field(reader: Any, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
+def _gguf_summary(path: Path) -> dict[str, Any]:
+    """What choosing a runtime asks of a GGUF: its architecture and whether any layer is
+    in Q4_0 / Q4_1 blocks. Cached (``spectune.models.cache_dir``) like the weights, so a
+    start with every cache warm parses nothing (``_gguf_reader``)."""
+    cached = derived_path(path, "gguf-summary") / "summary.json"
+    try:
+        summary = json.loads(cached.read_text())
+        if isinstance(summary, dict) and summary.keys() == {"architecture", "four_bit"}:
+            return summary
+    except (OSError, ValueError):
+        pass  # none yet, or damaged: read the file
+    reader = _gguf_reader(path)
+    summary = {
+        "architecture": str(_gguf_field(reader, "general.architecture", "")),
+        "four_bit": any(t.tensor_type.name in ("Q4_0", "Q4_1") for t in reader.tensors),
+    }
+    _write_cache(cached, lambda tmp: tmp.write_text(json.dumps(summary)))
+    return summary
+
+
 def gguf_architecture(path: Path) -> str:
-    return str(_gguf_field(_gguf_reader(path), "general.architecture", ""))
+    return str(_gguf_summary(path)["architecture"])
 
 
 def stored_in_4_bits(ref: str | Path) -> bool:
@@ -259,10 +282,8 @@ def stored_in_4_bits(ref: str | Path) -> bool:
     path = resolve_model_path(ref)
     if not path.is_file() or path.suffix != ".gguf":
         return False
-    reader = _gguf_reader(path)
-    if str(_gguf_field(reader, "general.architecture", "")) != "llama":
-        return False
-    return any(tensor.tensor_type.name in ("Q4_0", "Q4_1") for tensor in reader.tensors)
+    summary = _gguf_summary(path)
+    return summary["architecture"] == "llama" and bool(summary["four_bit"])
 
 
 def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -310,16 +331,21 @@ def native_from_gguf(
             # weights that do not fit the model itself)
             pass
     cfg, state = _read_gguf(path)
+    _write_cache(meta_file, lambda tmp: tmp.write_text(_json.dumps(cfg.to_dict())))
+    _write_cache(weights, lambda tmp: save_file(state, str(tmp)))
+    return _build(cfg, state, dtype, source=path, strict=strict)
+
+
+def _write_cache(target: Path, write: Callable[[Path], object]) -> None:
+    """Write a derived file (``spectune.models.cache_dir``) under a temporary name, then
+    rename it, so a concurrent reader never sees half of it."""
     try:
-        # Write then rename, so a concurrent reader never sees a half-written cache.
-        cached.mkdir(parents=True, exist_ok=True)
-        tmp = cached / f"model.safetensors.{os.getpid()}.tmp"
-        save_file(state, str(tmp))
-        meta_file.write_text(_json.dumps(cfg.to_dict()))
-        os.replace(tmp, weights)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        write(tmp)
+        os.replace(tmp, target)
     except OSError:
         pass  # a read-only cache only costs speed
-    return _build(cfg, state, dtype, source=path, strict=strict)
 
 
 def gguf_config(path: Path, reader: Any | None = None) -> LlamaConfig:
@@ -393,7 +419,37 @@ def gguf_quantized_layers(
 
     Returns (Q4_0 / Q4_1 layers by module name as exact int4 codes, the names of Q8_0
     layers, which keep 8 bits). A tied output head takes the embedding's storage type.
+    Cached as safetensors (``spectune.models.cache_dir``), like the dequantised weights.
     """
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    cached = derived_path(path, "gguf-int4") / "layers.safetensors"
+    try:
+        with safe_open(str(cached), framework="pt") as handle:
+            int8_names = frozenset(json.loads(handle.metadata()["int8"]))
+            parts = {key: handle.get_tensor(key) for key in handle.keys()}
+        modules = {key.rsplit(".", 1)[0] for key in parts}
+        return {
+            m: Int4Codes(parts[f"{m}.codes"], parts[f"{m}.scales"], parts[f"{m}.zeros"])
+            for m in modules
+        }, int8_names
+    except Exception:  # none yet, or damaged (safetensors raises its own kinds): read the file
+        pass
+    sources, int8_names = _read_quantized_layers(path, cfg)
+    tensors = {
+        f"{module}.{part}": getattr(codes, part).contiguous()
+        for module, codes in sources.items()
+        for part in ("codes", "scales", "zeros")
+    }
+    metadata = {"int8": json.dumps(sorted(int8_names))}
+    _write_cache(cached, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    return sources, int8_names
+
+
+def _read_quantized_layers(
+    path: Path, cfg: LlamaConfig
+) -> tuple[dict[str, Int4Codes], frozenset[str]]:
     reader = _gguf_reader(path)
     sources: dict[str, Int4Codes] = {}
     int8_names: set[str] = set()
