@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from spectune.drafters import ModelDrafter
+from spectune.models.hf import load_hf_model
 from spectune.models.llama import LlamaLM
+from spectune.models.loading import save_native
 from spectune.sampling import SamplingParams
 
 
@@ -68,3 +72,22 @@ def test_drafter_cache_in_sync_after_rejection_at_position_zero(toy_draft: Llama
     again = drafter.propose(context, 4, SamplingParams(), None).tokens.tolist()
     assert again == _fresh_proposal(toy_draft, context, 4)
     assert drafter.row.session.ingested[0][: len(context)] == context
+
+
+def test_a_prefill_for_the_last_logits_alone_leaves_the_same_cache_and_states(
+    toy_target: LlamaLM, tmp_path: Path
+) -> None:
+    """``last_only`` (a prompt's prefill) on the native and transformers runtimes: the last
+    position's logits, the same hidden states, and a cache the next step reads alike."""
+    save_native(toy_target, tmp_path / "toy")
+    prompt, step = torch.tensor([[1, 5, 9, 13, 7, 2, 8]]), torch.tensor([[4, 11]])
+    for model in (toy_target, load_hf_model(tmp_path / "toy")):
+        caches, outs = [model.new_cache(capacity=16) for _ in range(2)], []
+        for cache, last_only in zip(caches, (False, True), strict=True):
+            outs.append(model.forward(prompt, cache, last_only=last_only))
+        assert outs[1].logits.shape == (1, 1, toy_target.info.vocab_size)
+        torch.testing.assert_close(outs[1].logits, outs[0].logits[:, -1:], atol=1e-5, rtol=1e-5)
+        assert outs[1].hidden is not None and outs[0].hidden is not None
+        assert torch.equal(outs[1].hidden, outs[0].hidden)
+        after = [model.forward(step, cache).logits for cache in caches]
+        assert torch.equal(after[0], after[1])

@@ -136,7 +136,7 @@ class SpeculativeEngine:
         cache = target.new_cache(capacity=seq.capacity)
         features: TargetFeatures | None = None
         if len(seq.context) > 1:
-            out = target.forward(torch.tensor([seq.context[:-1]]), cache)
+            out = target.forward(torch.tensor([seq.context[:-1]]), cache, last_only=True)
             if out.hidden is not None:
                 features = TargetFeatures(0, out.hidden[0])
         if drafter is not None:

@@ -200,9 +200,12 @@ class CountingModel:
         *,
         positions: Tensor | None = None,
         chunk_mask: Tensor | None = None,
+        last_only: bool = False,
     ) -> ModelOutput:
         self.tokens_forwarded += int(tokens.numel())
-        return self.model.forward(tokens, cache, positions=positions, chunk_mask=chunk_mask)
+        return self.model.forward(
+            tokens, cache, positions=positions, chunk_mask=chunk_mask, last_only=last_only
+        )
 
 
 def truncated_draft(model: LlamaLM, num_layers: int) -> LlamaLM:

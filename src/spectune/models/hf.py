@@ -74,6 +74,8 @@ class HFModel:
         # transformers renamed ``past_key_values`` to ``cache`` (5.x); use whichever it takes.
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        # Causal LMs of recent transformers compute the head for the last N positions only.
+        self._keeps_logits = "logits_to_keep" in params
         cfg = model.config
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         eos = (
@@ -123,6 +125,7 @@ class HFModel:
         *,
         positions: Tensor | None = None,
         chunk_mask: Tensor | None = None,
+        last_only: bool = False,
     ) -> ModelOutput:
         if not isinstance(cache, HFCache):
             raise TypeError("HFModel decodes against the HFCache it created")
@@ -138,6 +141,8 @@ class HFModel:
                     "(sliding-window or non-eager/SDPA attention); use the native runtime"
                 )
             extra["attention_mask"] = self._tree_mask(start, chunk_mask)
+        if last_only and self._keeps_logits:
+            extra["logits_to_keep"] = 1
         device = self.model.device
         cache_position = torch.arange(start, start + chunk, device=device)
         if positions is not None:
@@ -153,7 +158,8 @@ class HFModel:
         )
         cache._length = start + chunk
         # Outputs come back on the CPU (``spectune.models.devices``).
-        return ModelOutput(logits=out.logits.to("cpu"), hidden=out.hidden_states[-1].to("cpu"))
+        logits = out.logits[:, -1:] if last_only else out.logits
+        return ModelOutput(logits=logits.to("cpu"), hidden=out.hidden_states[-1].to("cpu"))
 
     def _tree_mask(self, start: int, chunk_mask: Tensor) -> Tensor:
         """[1, chunk, chunk] bool (True = may attend) -> [1, 1, chunk, start + chunk] additive

@@ -324,8 +324,10 @@ class LlamaTransformer(nn.Module):
         used: int = 0,
         capture: tuple[int, ...] = (),
         rows: RowKeys | ChainRows | None = None,
+        last_only: bool = False,
     ) -> tuple[Tensor, Tensor]:
-        """Returns (logits [batch, chunk, vocab], states [batch, chunk, hidden * n]).
+        """Returns (logits [batch, chunk, vocab], states [batch, chunk, hidden * n]); with
+        ``last_only`` the logits of the last position alone ([batch, 1, vocab]).
 
         The states are the last hidden state after the final norm, or with ``capture`` the
         concatenated outputs of those blocks (the residual stream after block i; the last
@@ -344,10 +346,10 @@ class LlamaTransformer(nn.Module):
             if capture and wanted[i] and i != last:
                 captured.append(x)
         hidden = self.norm(x)
+        logits = self.lm_head(hidden[:, -1:] if last_only else hidden)
         if capture:
-            states = torch.cat([*captured, hidden] if wanted[last] else captured, dim=-1)
-            return self.lm_head(hidden), states
-        return self.lm_head(hidden), hidden
+            return logits, torch.cat([*captured, hidden] if wanted[last] else captured, dim=-1)
+        return logits, hidden
 
 
 def attention_mask(
@@ -508,6 +510,7 @@ class LlamaLM:
         *,
         positions: Tensor | None = None,  # [batch, chunk]
         chunk_mask: Tensor | None = None,  # [batch, chunk, chunk] bool
+        last_only: bool = False,
     ) -> ModelOutput:
         if not isinstance(cache, StaticKVCache):
             raise TypeError("LlamaLM decodes against the StaticKVCache it created")
@@ -520,7 +523,8 @@ class LlamaLM:
         device = self.device
         slots = cache.slots(chunk)  # on the cache's device
         if self._compiled_step is not None and any(cache.lengths):  # after the prompt
-            return self._compiled_forward(tokens, cache, slots, positions, chunk_mask)
+            out = self._compiled_forward(tokens, cache, slots, positions, chunk_mask)
+            return ModelOutput(out.logits[:, -1:], out.hidden) if last_only else out
         rows: RowKeys | None = None
         # One token of one sequence already makes the one-row SDPA call (mask None).
         several = chunk > 1 or len(cache.lengths) > 1 or chunk_mask is not None
@@ -538,6 +542,7 @@ class LlamaLM:
             used,
             self.feature_layers,
             rows,
+            last_only,
         )
         cache.advance(chunk)
         # ``to`` is free on the CPU; from a GPU it brings the step's outputs to the decode loop.

@@ -395,6 +395,7 @@ class LlamaCppModel:
         *,
         positions: Tensor | None = None,  # [batch, chunk] int64: must be the slot indices
         chunk_mask: Tensor | None = None,  # must be None (no token trees, see tree_masks)
+        last_only: bool = False,  # every token's logits are computed all the same
     ) -> ModelOutput:
         if not isinstance(cache, LlamaCppCache) or cache.context.weights is not self.weights:
             raise TypeError("LlamaCppModel decodes against a LlamaCppCache it created")
@@ -423,7 +424,8 @@ class LlamaCppModel:
                 self.lib.llama_memory_seq_rm(context.memory, cache.offset + row, start, -1)
             raise
         cache.lengths = [n + chunk for n in cache.lengths]
-        return ModelOutput(logits=logits.view(rows, chunk, -1), hidden=None)
+        logits = logits.view(rows, chunk, -1)
+        return ModelOutput(logits=logits[:, -1:] if last_only else logits, hidden=None)
 
 
 def refuse_feature_head(target: object) -> None:

@@ -74,9 +74,10 @@ def forward_row(
     row: int,
     tokens: Tensor,  # [1, chunk] int64
 ) -> ModelOutput:
-    """Forward one row of ``cache`` (a prefill for a sequence joining the batch)."""
+    """Forward one row of ``cache``: a prefill for a sequence joining the batch, so the
+    logits are its last position's alone (``LanguageModel.forward``'s ``last_only``)."""
     with row_view(cache, row, row + 1) as view:
-        return model.forward(tokens, view)
+        return model.forward(tokens, view, last_only=True)
 
 
 def ragged_forward(

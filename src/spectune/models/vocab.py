@@ -76,8 +76,11 @@ class TargetVocabModel:
         *,
         positions: Tensor | None = None,  # [batch, chunk] int64
         chunk_mask: Tensor | None = None,  # [batch, chunk, chunk] bool
+        last_only: bool = False,
     ) -> ModelOutput:
         if self.draft_vocab_size < self._info.vocab_size:
             tokens = tokens.masked_fill(tokens >= self.draft_vocab_size, self._unknown)
-        out = self.model.forward(tokens, cache, positions=positions, chunk_mask=chunk_mask)
+        out = self.model.forward(
+            tokens, cache, positions=positions, chunk_mask=chunk_mask, last_only=last_only
+        )
         return ModelOutput(fit_logits_to_vocab(out.logits, self._info.vocab_size), out.hidden)

@@ -37,7 +37,7 @@ def measure_draft_cost(
     """c: median seconds per drafted token over ``target_step_seconds``."""
     prompt = list(prompt)
     cache = target.new_cache(capacity=len(prompt) + 1)
-    out = target.forward(torch.tensor([prompt[:-1]]), cache)
+    out = target.forward(torch.tensor([prompt[:-1]]), cache, last_only=True)
     features = None if out.hidden is None else TargetFeatures(0, out.hidden[0])
     params = SamplingParams(max_tokens=k + 1)
     samples = []
