@@ -227,8 +227,8 @@ def _gguf_reader(path: Path) -> Any:
     """The file's ``gguf.GGUFReader``, parsed once for all the questions a load asks of it
     (architecture, 4-bit blocks, config, tensors) when their caches are cold. The reader
     parses every metadata field in Python: 3.5 s and 170 MB for the default model's
-    49,152-token vocabulary, read three times per start before (13.1 s for ``spectune
-    generate --chat Hi --draft none --max-tokens 1``; 4.9 s now, caches warm).
+    49,152-token vocabulary, once read three times per start (``spectune generate --chat
+    Hi --draft none --max-tokens 1``: 12.7-13.8 s then, 5.3-5.5 s with the caches warm).
     ``load_model`` drops it when done."""
     try:
         stat = path.stat()
