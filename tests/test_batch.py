@@ -15,7 +15,7 @@ from spectune.decode.sequential import SequentialBatchEngine
 from spectune.drafters import FailingDrafter, ModelDrafter, NgramDrafter, ScriptedDrafter
 from spectune.drafters.base import Drafter
 from spectune.drafters.batched import PerRow
-from spectune.drafters.feature import FeatureDrafter, FeatureSession
+from spectune.drafters.feature import FeatureDrafter, FeatureRows
 from spectune.errors import BatchFullError, InvalidParameterError, PromptError
 from spectune.models.llama import LlamaLM
 from spectune.models.toy import perturbed, toy_config, toy_model
@@ -363,7 +363,7 @@ def test_feature_head_batch_equals_alone(
     engine = BatchEngine(
         endless, toy_feature_drafter, max_batch=3, capacity=256, policy_factory=lambda p: FixedK(k)
     )
-    assert isinstance(engine.drafter, FeatureSession)
+    assert isinstance(engine.drafter, FeatureRows)
     got = run_batch(engine, {rid: (p, params) for rid, p in PROMPTS.items()}, seeds=seeds)
     accepted = drafted = 0
     for rid, prompt in PROMPTS.items():
@@ -411,7 +411,7 @@ def guessing(target: LlamaLM, drafter: PerRow | ModelDrafter) -> BatchEngine:
 
 
 def test_batched_plain_steps_check_a_model_free_drafters_guess(endless: LlamaLM) -> None:
-    """The batched engine asks a model-free session for the guesses of its plain steps
+    """The batched engine asks a model-free row set for the guesses of its plain steps
     that want them (StepPlan.shadow), in the draft pass: the same evidence as one
     sequence alone, and the same output."""
     params = SamplingParams(max_tokens=24)

@@ -18,7 +18,7 @@ from bench_fixtures import make_models, make_prompts
 from spectune.bench.assemble import Workbench, build_systems, measure_curves, random_draft
 from spectune.bench.plan import BenchConfig, BenchPrompt, fit_budget
 from spectune.bench.report import COLUMNS, cell, json_text
-from spectune.bench.session import run_session
+from spectune.bench.suite import run_suite
 from spectune.bench.summary import ALL
 from spectune.bench.systems import CallResult, SpectuneSystem
 from spectune.cli import main
@@ -191,7 +191,7 @@ def test_equality_check_flags_a_wrong_system(tmp_path: Path) -> None:
     bench = Workbench("fp32", target, None, systems, measure_curves(target, None, repeats=1))
     prompts = [BenchPrompt(f"p{i}", "c", tuple(range(5 + i, 15 + i))) for i in range(3)]
     with open(tmp_path / "log.txt", "w") as log:
-        data = run_session(
+        data = run_suite(
             replace(config, max_tokens=6),
             [bench],
             prompts,

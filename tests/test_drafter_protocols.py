@@ -25,7 +25,7 @@ from spectune.drafters import (
 from spectune.drafters.base import DraftRequest, TargetFeatures
 from spectune.drafters.batched import PerRow, batch_source
 from spectune.drafters.pairing import drafter_summary, tree_drafter_for, with_history
-from spectune.drafters.scripted import ScriptedSession
+from spectune.drafters.scripted import ScriptedRows
 from spectune.drafters.suffix_history import HistoryStore
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
@@ -42,7 +42,7 @@ def sevens(context: Sequence[int], k: int) -> list[int]:
 
 class Repeater:
     """A new drafter, known to no module of the package: it proposes 7s, has a tree form
-    (a wider repeater), describes itself, and opens row sessions of its own."""
+    (a wider repeater), describes itself, and opens row sets of its own."""
 
     def __init__(self, width: int = 1) -> None:
         self.width = width
@@ -70,8 +70,8 @@ class Repeater:
     def describe(self) -> str:
         return f"{self.name} (repeats 7, width {self.width})"
 
-    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> ScriptedSession:
-        return ScriptedSession(sevens_draft, name=self.name)
+    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> ScriptedRows:
+        return ScriptedRows(sevens_draft, name=self.name)
 
 
 def sevens_draft(request: DraftRequest) -> Draft:

@@ -92,11 +92,11 @@ def test_tree_masked_head_features_equal_each_path_run_alone(
         path.reverse()
         alone = fresh(toy_feature_drafter)
         alone.commit(prompt, TargetFeatures(0, hidden[0]))
-        session = alone.row.session
-        step = session.sync({0: prompt}, 1)[0]
+        state = alone.row.state
+        step = state.sync({0: prompt}, 1)[0]
         for member in path:
             token = torch.tensor([[last.tokens[member]]])
-            step = head(token, step.view(1, 1, -1), session.cache)[0, -1]
+            step = head(token, step.view(1, 1, -1), state.cache)[0, -1]
         torch.testing.assert_close(features, step, atol=1e-5, rtol=1e-4)
         checked += 1
     assert checked > 3

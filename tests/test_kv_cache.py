@@ -56,11 +56,11 @@ def test_drafter_cache_in_sync_after_full_acceptance(toy_draft: LlamaLM) -> None
     draft = drafter.propose(context, 4, SamplingParams(), None).tokens.tolist()
     # All four accepted, plus a bonus token: the last draft token was never ingested.
     context = context + draft + [42]
-    assert drafter.row.session.ingested[0] == [1, 5, 6, 7] + draft[:3]
+    assert drafter.row.state.ingested[0] == [1, 5, 6, 7] + draft[:3]
     again = drafter.propose(context, 3, SamplingParams(), None).tokens.tolist()
     assert again == _fresh_proposal(toy_draft, context, 3)
     # the context and 2 ingested draft tokens
-    assert drafter.row.session.cache.length() == len(context) + 2
+    assert drafter.row.state.cache.length() == len(context) + 2
 
 
 def test_drafter_cache_in_sync_after_rejection_at_position_zero(toy_draft: LlamaLM) -> None:
@@ -71,7 +71,7 @@ def test_drafter_cache_in_sync_after_rejection_at_position_zero(toy_draft: Llama
     context = context + [recovered]  # nothing accepted: the target's own token
     again = drafter.propose(context, 4, SamplingParams(), None).tokens.tolist()
     assert again == _fresh_proposal(toy_draft, context, 4)
-    assert drafter.row.session.ingested[0][: len(context)] == context
+    assert drafter.row.state.ingested[0][: len(context)] == context
 
 
 def test_a_prefill_for_the_last_logits_alone_leaves_the_same_cache_and_states(

@@ -198,7 +198,7 @@ def test_tree_drafter_commit_compacts_its_own_cache(
     accepted = [last.tokens[i] for i in _path(last.parents, node)]
     committed = context + accepted + [3]
     drafter.commit(committed, None)
-    cache = drafter.row.session.cache
+    cache = drafter.row.state.cache
     assert cache.length() == len(context) + len(accepted)
     fresh = toy_draft.new_cache()
     toy_draft.forward(torch.tensor([context + accepted]), fresh)

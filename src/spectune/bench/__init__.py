@@ -3,13 +3,13 @@
 Layout by role: ``plan`` (configuration, prompts, budget), ``systems`` (what is compared),
 ``assemble`` (loading models and building systems), ``runner`` (interleaved timing),
 ``summary`` (numbers and the analytic bound), ``report`` / ``plots`` (outputs), ``live``
-(the progress view), ``session`` (the whole run).
+(the progress view), ``suite`` (the whole run).
 """
 
 from spectune.bench.assemble import Workbench, build_systems, load_workbench, random_draft
 from spectune.bench.plan import BenchConfig, BenchPrompt, load_bench_prompts
 from spectune.bench.runner import Measurement, Schedule, run_interleaved
-from spectune.bench.session import run_session
+from spectune.bench.suite import run_suite
 from spectune.bench.summary import Mismatch, Row, summarize
 from spectune.bench.systems import CallResult, HFSystem, SpectuneSystem, System, SystemInfo
 
@@ -31,6 +31,6 @@ __all__ = [
     "load_workbench",
     "random_draft",
     "run_interleaved",
-    "run_session",
+    "run_suite",
     "summarize",
 ]

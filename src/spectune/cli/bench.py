@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
     from spectune.bench.assemble import load_workbench
     from spectune.bench.plan import load_bench_prompts
-    from spectune.bench.session import run_session
+    from spectune.bench.suite import run_suite
 
     config = config_from_args(args)
     if args.out.exists() and not args.out.is_dir():
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
                     limit_per_category=args.limit_per_category,
                 )
         assert prompts is not None  # at least one dtype
-        run_session(
+        run_suite(
             config,
             workbenches,
             prompts,

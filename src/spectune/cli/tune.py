@@ -154,13 +154,13 @@ def run(args: argparse.Namespace) -> int:
                 "the prompt-set mode, which measures the curve"
             )
         context: dict[str, Any] = {"source": "traces", "traces": list(args.trace)}
-        session = None
+        recording = None
     else:
-        session = _Session(args, temperatures, console)
-        requests, costs = session.record()
+        recording = _Recording(args, temperatures, console)
+        requests, costs = recording.record()
         workload = fit_workload(requests, seed=args.seed)
         notes = []
-        context = session.context()
+        context = recording.context()
     result = _search(workload, costs, console)
     spec = params_spec(result.best)
     header = [
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     _write(args.out, policy_toml(spec, header))
     tuned = load_policy_file(args.out)  # what the other commands will read
-    confirm = session.confirm(tuned, result) if session and args.confirm_prompts else None
+    confirm = recording.confirm(tuned, result) if recording and args.confirm_prompts else None
     data = report_data(args, context, workload, costs, result, confirm, notes)
     data["seconds"] = round(time.perf_counter() - started, 1)
     _write(report_path, report_markdown(data))
@@ -199,7 +199,7 @@ def _search(workload: Workload, costs: StepCosts, console: Any) -> TuneResult:
     return result
 
 
-class _Session:
+class _Recording:
     """The prompt-set mode: the models, the dev recording and the held-out confirmation."""
 
     def __init__(self, args: argparse.Namespace, temperatures: tuple[float, ...], console: Any):

@@ -63,7 +63,7 @@ from spectune.decode.step import (
 from spectune.draft import Draft, Refusal, RefusalKind, chain_parents, tree_layout
 from spectune.drafters.base import (
     DraftRequest,
-    DraftSession,
+    DraftRows,
     DraftSource,
     TargetFeatures,
     guessed_token,
@@ -106,7 +106,7 @@ def tree_inputs(
 class BatchEngine:
     """Decodes many requests at once with a target model and an optional draft.
 
-    ``draft``: a ``DraftSource`` the engine opens a session of ``max_batch`` rows from: a
+    ``draft``: a ``DraftSource`` the engine opens a row set of ``max_batch`` rows from: a
     ``ModelDrafter`` or a ``FeatureDrafter`` (batched draft passes), ``PerRow(factory)``
     for per-sequence drafters (``PerRow(NgramDrafter)``: prompt lookup), or None (plain
     decoding). ``capacity``: most tokens one sequence may hold (prompt + output).
@@ -275,7 +275,7 @@ class BatchEngine:
         return self.draft_deadline is not None and self.draft_deadline.busy
 
     def _propose(
-        self, drafter: DraftSession, requests: list[DraftRequest], num_rows: int
+        self, drafter: DraftRows, requests: list[DraftRequest], num_rows: int
     ) -> list[Draft | Refusal]:
         if self.draft_deadline is None:
             return drafter.propose(requests, num_rows)
@@ -384,7 +384,7 @@ class BatchEngine:
 
     def _commit(
         self,
-        drafter: DraftSession,
+        drafter: DraftRows,
         seq: SequenceState,
         hidden: Tensor | None,  # [rows, width, hidden]: the target pass's hidden states
         length_before: int,

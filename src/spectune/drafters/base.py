@@ -6,11 +6,11 @@ the engine never reaches into a drafter. Two shapes:
 
 - ``Drafter``: one sequence (``reset``/``propose``/``commit``); what the single-sequence
   engine drives, and what simple drafters (n-gram lookup, test doubles) implement.
-- ``DraftSession``: rows of a batch (``add``/``move``/``free``/``propose(requests)``/
+- ``DraftRows``: rows of a batch (``add``/``move``/``free``/``propose(requests)``/
   ``commit(row, ...)``); what the batched engine drives. A learned drafter is written
-  once, as a session over rows that its source opens (``ModelDrafter.open``); its
-  ``Drafter`` face is a one-row session (``OneRow``), so a sequence drafts the same
-  tokens alone or batched. Simple drafters are lifted to sessions by one adapter
+  once, as a row set over rows that its source opens (``ModelDrafter.open``); its
+  ``Drafter`` face is a one-row set (``OneRow``), so a sequence drafts the same
+  tokens alone or batched. Simple drafters are lifted to row sets by one adapter
   (``spectune.drafters.batched.PerSequenceDrafters``).
 
 Optional faces a drafter may have, so that adding a drafter means implementing these
@@ -35,7 +35,7 @@ from spectune.sampling import SamplingParams
 __all__ = [
     "Described",
     "DraftRequest",
-    "DraftSession",
+    "DraftRows",
     "DraftSource",
     "Drafter",
     "ModelFree",
@@ -118,7 +118,7 @@ class ModelFree(Protocol):
 
 
 def model_free(drafter: object) -> bool:
-    """Whether ``drafter`` (a drafter or a batch's draft session) runs no model (``ModelFree``)."""
+    """Whether ``drafter`` (a drafter or a batch's draft row set) runs no model (``ModelFree``)."""
     return isinstance(drafter, ModelFree) and drafter.model_free
 
 
@@ -239,7 +239,7 @@ class DraftRequest:
     generator: torch.Generator | None
 
 
-class DraftSession(Protocol):
+class DraftRows(Protocol):
     """A drafter's state for the rows of a batch (row r: the sequence in the engine's row r)."""
 
     name: str
@@ -272,12 +272,12 @@ class DraftSession(Protocol):
 @runtime_checkable
 class DraftSource(Protocol):
     """What drafts, as the batched engine needs it: weights (or a recipe for simple
-    drafters) that open a session over the rows of a batch."""
+    drafters) that open a row set over the rows of a batch."""
 
     name: str
 
-    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> DraftSession:
-        """A session over ``rows`` rows of at most ``capacity`` tokens each (None: the
+    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> DraftRows:
+        """A row set over ``rows`` rows of at most ``capacity`` tokens each (None: the
         source's own limit); ``slack``: slots padding may write past a row's length."""
         ...
 
@@ -295,39 +295,39 @@ def propose_ready(
     return [next(drafts) if answer is None else answer for answer in answers]
 
 
-S = TypeVar("S", bound=DraftSession)
+S = TypeVar("S", bound=DraftRows)
 
 
 class OneRow(Generic[S]):
-    """Row 0 of a one-row ``DraftSession`` driven as one sequence: the state behind a
-    learned drafter's ``Drafter`` face. The session is opened on first use; a sequence
+    """Row 0 of a one-row ``DraftRows`` driven as one sequence: the state behind a
+    learned drafter's ``Drafter`` face. The row set is opened on first use; a sequence
     joins it on its first ``commit`` (or ``propose``), and ``reset`` frees it."""
 
-    def __init__(self, open_session: Callable[[], S]) -> None:
-        self._open = open_session
-        self._session: S | None = None
+    def __init__(self, open_rows: Callable[[], S]) -> None:
+        self._open = open_rows
+        self._state: S | None = None
         self.joined = False
 
     @property
-    def session(self) -> S:
-        if self._session is None:
-            self._session = self._open()
-        return self._session
+    def state(self) -> S:
+        if self._state is None:
+            self._state = self._open()
+        return self._state
 
     def reset(self) -> None:
         if self.joined:
-            self.session.free(0)
+            self.state.free(0)
         self.joined = False
 
     def join(self, context: Sequence[int], features: TargetFeatures | None = None) -> None:
         """The sequence joins row 0 with ``context`` as its prompt, unless it has."""
         if not self.joined:
-            self.session.add(0, context, features)
+            self.state.add(0, context, features)
             self.joined = True
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         if self.joined:
-            self.session.commit(0, context, features)
+            self.state.commit(0, context, features)
         else:
             self.join(context, features)
 
@@ -338,11 +338,11 @@ class OneRow(Generic[S]):
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        """The session's draft for row 0; a refusal raises ``DrafterError`` (the engine
+        """The row set's draft for row 0; a refusal raises ``DrafterError`` (the engine
         then decodes the request plainly, as for any failing drafter)."""
         self.join(context)
         request = DraftRequest(0, context, num_tokens, params, generator)
-        answer = self.session.propose([request], 1)[0]
+        answer = self.state.propose([request], 1)[0]
         if isinstance(answer, Refusal):  # the engine makes it a drafter_error reason
             raise DrafterError(answer.kind.value if answer.detail is None else answer.detail)
         return answer
@@ -350,7 +350,7 @@ class OneRow(Generic[S]):
 
 class RowDrafter:
     """A learned drafter's ``Drafter`` face: ``reset``, ``propose`` and ``commit`` drive its
-    one-row session (``self.row``, set by the subclass), so the model drafter and the
+    one-row set (``self.row``, set by the subclass), so the model drafter and the
     feature drafter write them once."""
 
     row: OneRow[Any]
@@ -369,5 +369,5 @@ class RowDrafter:
 
     def commit(self, context: Sequence[int], features: TargetFeatures | None) -> None:
         """The committed tokens (and, for a feature head, the target states the step just
-        verified) go to the session's row."""
+        verified) go to the row set's row."""
         self.row.commit(context, features)

@@ -1,7 +1,7 @@
-"""Simple drafters in a batch: one per-sequence ``Drafter`` per row, lifted to a session.
+"""Simple drafters in a batch: one per-sequence ``Drafter`` per row, lifted to a state.
 
 N-gram lookup and the test doubles need no batching: ``PerRow(factory)`` is the one
-adapter that makes any ``Drafter`` a ``DraftSource``; its sessions
+adapter that makes any ``Drafter`` a ``DraftSource``; its row sets
 (``PerSequenceDrafters``) give each row its own drafter and propose row after row.
 Learned drafters are sources of their own (``spectune.drafters.model``,
 ``spectune.drafters.feature``); ``batch_source`` picks between the two.
@@ -26,7 +26,7 @@ __all__ = ["PerRow", "PerSequenceDrafters", "batch_source"]
 
 
 class PerRow:
-    """A ``DraftSource`` of simple drafters: each row of a session gets its own from
+    """A ``DraftSource`` of simple drafters: each row of a row set gets its own from
     ``factory`` (a zero-argument callable, e.g. ``NgramDrafter``)."""
 
     def __init__(self, factory: Callable[[], Drafter]) -> None:
@@ -83,7 +83,7 @@ class PerSequenceDrafters:
 
 
 def batch_source(drafter: Drafter) -> DraftSource:
-    """What a batched engine opens a session from for ``drafter``: the drafter itself where
+    """What a batched engine opens a row set from for ``drafter``: the drafter itself where
     it is a source (a learned drafter, written for rows), else ``PerRow`` copies of it
     (``fresh_drafter``: ``InvalidParameterError`` for a drafter that cannot copy itself)."""
     if isinstance(drafter, DraftSource):

@@ -10,9 +10,9 @@ the head's own output back (see ``spectune.models.feature_head``).
 
 Written once, for rows (as the model drafter, ``spectune.drafters.model``):
 ``FeatureDrafter`` is the source (the head, its vocabulary mapping, its name);
-``open(rows, capacity)`` gives a ``FeatureSession``, one head cache whose rows are the
+``open(rows, capacity)`` gives a ``FeatureRows``, one head cache whose rows are the
 engine's rows, drafting every requesting row in one head forward per draft step.
-``FeatureDrafter``'s own ``Drafter`` methods drive a one-row session
+``FeatureDrafter``'s own ``Drafter`` methods drive a one-row set
 (``spectune.drafters.base.OneRow``), so a sequence drafts the same tokens alone or in a
 batch.
 
@@ -20,7 +20,7 @@ Token trees (EAGLE-2's setting: Li et al. 2024): ``tree(shape)`` gives a
 ``FeatureTreeDrafter``, below. The tree grows exactly as a model's does
 (``spectune.drafters.tree``); only scoring differs. A node's head input is its token plus
 the head output of its parent (the root's parent output is the head's estimate of the
-target state at the last committed position, ``FeatureSession.sync``), so a node can be
+target state at the last committed position, ``FeatureRows.sync``), so a node can be
 scored once its parent has been. One head forward scores the nodes to expand next together
 with their ancestors, under the same tree mask and positions a target uses (the head's
 slot s holds position s + 1, so the root sits at the last real-state slot).
@@ -36,7 +36,7 @@ positions) are never kept across proposals: the next proposal rolls the row back
 slots built from real target states and recomputes from there. Rows need different
 numbers of catch-up positions (ragged): the chunk is padded after each row's real
 positions, and every row is truncated back to its own length afterwards (causal
-attention keeps real positions blind to the padding). A one-row session never pads.
+attention keeps real positions blind to the padding). A one-row set never pads.
 
 Random numbers: each sequence draws from its own generator in the order draft token 1,
 2, ..., k, so a sequence drafts the same tokens alone or batched.
@@ -69,15 +69,15 @@ from spectune.models.kv_cache import StaticKVCache
 from spectune.models.rows import ragged_forward, row_view
 from spectune.sampling import SamplingParams, process_logits
 
-__all__ = ["FeatureDrafter", "FeatureSession", "FeatureTreeDrafter"]
+__all__ = ["FeatureDrafter", "FeatureRows", "FeatureTreeDrafter"]
 
 NEEDS_STATES = "the feature drafter needs the target's hidden states"
 
 
 class FeatureDrafter(RowDrafter):
     """Drafts a chain with an EAGLE-style head over the target's hidden states (see the
-    module docstring): the source of ``FeatureSession``s, and itself a one-sequence
-    ``Drafter`` over a one-row session. ``FeatureTreeDrafter`` drafts trees with the same
+    module docstring): the source of ``FeatureRows``s, and itself a one-sequence
+    ``Drafter`` over a one-state. ``FeatureTreeDrafter`` drafts trees with the same
     head."""
 
     def __init__(
@@ -93,12 +93,12 @@ class FeatureDrafter(RowDrafter):
         self._ascending = vocab_subset is None or bool((vocab_subset.diff() > 0).all())
         self.vocab_size = head.cfg.target_vocab_size
         self.name = name
-        self.row: OneRow[FeatureSession] = OneRow(lambda: self.open(1))
+        self.row: OneRow[FeatureRows] = OneRow(lambda: self.open(1))
 
-    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> FeatureSession:
-        """A session over ``rows`` rows of ``capacity`` tokens each (None, or more than the
+    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> FeatureRows:
+        """A row set over ``rows`` rows of ``capacity`` tokens each (None, or more than the
         head's context: the head's context); ``slack``: slots padding may write past a row."""
-        return FeatureSession(self, rows, capacity, slack)
+        return FeatureRows(self, rows, capacity, slack)
 
     def fresh(self) -> FeatureDrafter:
         """The same head, vocabulary and name; its own (empty) per-request state."""
@@ -158,7 +158,7 @@ class FeatureDrafter(RowDrafter):
         return rows
 
 
-class FeatureSession:
+class FeatureRows:
     """A feature head drafting every requesting row in one forward per draft step."""
 
     def __init__(self, source: FeatureDrafter, rows: int, capacity: int | None, slack: int) -> None:
@@ -358,7 +358,7 @@ class FeatureSession:
 
 class FeatureTreeDrafter:
     """Drafts a token tree with a ``FeatureDrafter``'s head (the module docstring), the tree
-    form of that drafter: its own one-row session, driven through the session's tree verbs
+    form of that drafter: its own one-row set, driven through the row set's tree verbs
     (``root``, ``draft_start``, ``forward_drafts``). It scores nodes (``NodeScorer``) for
     a ``TreeGrower``, which grows the tree."""
 
@@ -369,7 +369,7 @@ class FeatureTreeDrafter:
         self.grower = TreeGrower(shape or TreeShape(), drafter.vocab_size)
         self.shape = self.grower.shape
         self.name = name or f"tree:{drafter.name}:w{self.shape.width}n{self.shape.nodes}"
-        self.row: OneRow[FeatureSession] = OneRow(lambda: drafter.open(1))
+        self.row: OneRow[FeatureRows] = OneRow(lambda: drafter.open(1))
         self._last: GrowingTree | None = None  # the last tree grown
         self._root_features: Tensor | None = None  # [hidden]
         self._node_features: dict[int, Tensor] = {}  # node -> [hidden] head output
@@ -399,7 +399,7 @@ class FeatureTreeDrafter:
 
     def root_logits(self, context: Sequence[int]) -> Tensor:
         self.row.join(context)
-        self._root_features = self.row.session.root(0, context)
+        self._root_features = self.row.state.root(0, context)
         return self.source.vocab_logits(self._root_features)
 
     def _parent_features(self, tree: GrowingTree, node: int) -> Tensor:
@@ -410,12 +410,12 @@ class FeatureTreeDrafter:
         return self._node_features[parent]
 
     def score_nodes(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
-        session = self.row.session
+        state = self.row.state
         # The root sits at the last real-state slot (slot s holds position s + 1).
-        chunk, positions, mask = chunk_layout(tree, nodes, session.draft_start(0) - 1)
+        chunk, positions, mask = chunk_layout(tree, nodes, state.draft_start(0) - 1)
         tokens = torch.tensor([[tree.tokens[n] for n in chunk]])  # [1, m]
         prev = torch.stack([self._parent_features(tree, n) for n in chunk])[None]  # [1, m, h]
-        features = session.forward_drafts(0, tokens, prev, positions, mask)  # [1, m, h]
+        features = state.forward_drafts(0, tokens, prev, positions, mask)  # [1, m, h]
         for i, node in enumerate(chunk):
             self._node_features[node] = features[0, i]
         tree.chunk = chunk

@@ -2,7 +2,7 @@
 per cost; at temperature 0, by what each source's tokens turned out to be worth in the
 situation at hand, the two compared token by token (the greedy rule, below).
 
-**Temperature 0, a suffix chain: the greedy rule** (since 2026-12-04, fifth session).
+**Temperature 0, a suffix chain: the greedy rule** (since 2026-12-04).
 Which source is right depends on the step far more than one calibration per source can
 say: on the test prompts (stage-7 head, int4 and fp32), a suffix first token of corpus
 probability 0.8 or more was kept 0.86-0.88 of the time where the model drafted the same

@@ -1,20 +1,20 @@
 """Model drafter: a small LM with its own KV cache proposes tokens autoregressively.
 
 Written once, for rows. ``ModelDrafter`` is the source (the draft model, its vocabulary
-mapping, its name); ``open(rows, capacity)`` gives a ``ModelSession``, one batched cache
-whose rows are the engine's rows. Per row a session keeps the longest prefix shared with
+mapping, its name); ``open(rows, capacity)`` gives a ``ModelRows``, one batched cache
+whose rows are the engine's rows. Per row a row set keeps the longest prefix shared with
 the committed context (a rejection rolls the row back to it), ingests the rest, and samples
 k tokens, the k-th not ingested (if it is accepted it is ingested at the start of the next
 proposal, together with the target's bonus token). ``ModelDrafter``'s own ``Drafter``
-methods drive a one-row session (``spectune.drafters.base.OneRow``), so a sequence drafts
+methods drive a one-row set (``spectune.drafters.base.OneRow``), so a sequence drafts
 the same tokens alone or in a batch. Its tree form (``tree(shape)``: ``TreeDrafter``, below;
 the growth is ``spectune.drafters.tree``'s) keeps its cache in step through a one-row
-session too.
+row set too.
 
 Ragged rows: rows need different numbers of tokens, so a chunk is padded after each row's
 real tokens and every row is truncated back to its own length afterwards. Causal
 attention keeps real tokens blind to the padding after them, and truncation forgets it.
-A one-row session never pads.
+A one-row set never pads.
 
 Random numbers: each sequence draws from its own generator, in the order draft token 1,
 2, ..., k, so batching never changes what a sequence samples.
@@ -44,7 +44,7 @@ from spectune.models.base import LanguageModel, takes_tree_masks
 from spectune.models.rows import RowsCache, forward_row, ragged_forward, row_view
 from spectune.sampling import SamplingParams, process_logits, sample_from
 
-__all__ = ["ModelDrafter", "ModelSession", "TreeDrafter", "choose_token", "common_prefix"]
+__all__ = ["ModelDrafter", "ModelRows", "TreeDrafter", "choose_token", "common_prefix"]
 
 
 def choose_token(
@@ -64,7 +64,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class ModelDrafter(RowDrafter):
     """Drafts with a ``LanguageModel`` (see the module docstring): the source of
-    ``ModelSession``s, and itself a one-sequence ``Drafter`` over a one-row session."""
+    ``ModelRows``s, and itself a one-sequence ``Drafter`` over a one-state."""
 
     def __init__(
         self,
@@ -78,12 +78,12 @@ class ModelDrafter(RowDrafter):
         self.model = model
         self.vocab_subset = vocab_subset
         self.name = name or f"model:{model.info.name}"
-        self.row: OneRow[ModelSession] = OneRow(lambda: self.open(1))
+        self.row: OneRow[ModelRows] = OneRow(lambda: self.open(1))
 
-    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> ModelSession:
-        """A session over ``rows`` rows of ``capacity`` tokens each (None: the model's
+    def open(self, rows: int, capacity: int | None = None, slack: int = 0) -> ModelRows:
+        """A row set over ``rows`` rows of ``capacity`` tokens each (None: the model's
         context); ``slack``: slots padding may write past a row (0 for one row)."""
-        return ModelSession(self, rows, capacity, slack)
+        return ModelRows(self, rows, capacity, slack)
 
     def fresh(self) -> ModelDrafter:
         """The same model, vocabulary and name; its own (empty) per-request state."""
@@ -117,7 +117,7 @@ class ModelDrafter(RowDrafter):
         return scatter_to_vocab(probs, self.vocab_subset, self.model.info.vocab_size)
 
 
-class ModelSession:
+class ModelRows:
     """A draft model drafting every requesting row in one forward per draft step."""
 
     def __init__(self, source: ModelDrafter, rows: int, capacity: int | None, slack: int) -> None:
@@ -264,7 +264,7 @@ class ModelSession:
 class TreeDrafter:
     """Drafts a token tree with a draft model (``spectune.drafters.tree``), the tree form of
     ``ModelDrafter``; its cache is kept in step with the context by a one-row
-    ``ModelSession``, as the chain drafter's is. It scores nodes (``NodeScorer``) for a
+    ``ModelRows``, as the chain drafter's is. It scores nodes (``NodeScorer``) for a
     ``TreeGrower``, which grows the tree."""
 
     def __init__(
@@ -274,7 +274,7 @@ class TreeDrafter:
         self.grower = TreeGrower(shape or TreeShape(), model.info.vocab_size)
         self.shape = self.grower.shape
         self.name = name or f"tree:{model.info.name}:w{self.shape.width}n{self.shape.nodes}"
-        self.row: OneRow[ModelSession] = OneRow(lambda: ModelDrafter(model).open(1))
+        self.row: OneRow[ModelRows] = OneRow(lambda: ModelDrafter(model).open(1))
         self._last: GrowingTree | None = None  # the last tree grown, for compaction
 
     def describe(self) -> str:
@@ -297,13 +297,13 @@ class TreeDrafter:
 
     def root_logits(self, context: Sequence[int]) -> Tensor:
         self.row.join(context)
-        return self.row.session.sync({0: context}, 1)[0]
+        return self.row.state.sync({0: context}, 1)[0]
 
     def score_nodes(self, tree: GrowingTree, nodes: list[int]) -> Tensor:
         """One forward over ``nodes`` and their ancestors under the tree mask."""
         chunk, positions, mask = chunk_layout(tree, nodes, tree.prefix - 1)
         tokens = torch.tensor([[tree.tokens[n] for n in chunk]])  # [1, m]
-        logits = self.row.session.forward_drafts(0, tokens, tree.prefix, positions, mask)
+        logits = self.row.state.forward_drafts(0, tokens, tree.prefix, positions, mask)
         tree.chunk = chunk
         return logits[0, [chunk.index(n) for n in nodes]]
 
@@ -312,8 +312,8 @@ class TreeDrafter:
         last, self._last = self._last, None
         if not self.row.joined:
             self.row.join(context, features)
-        session = self.row.session
-        if last is None or not session.holds(0, context[: last.prefix]):
+        state = self.row.state
+        if last is None or not state.holds(0, context[: last.prefix]):
             return
         slot_of = {node: last.prefix + i for i, node in enumerate(last.chunk)}
         current, slots = -1, []
@@ -330,4 +330,4 @@ class TreeDrafter:
                 break
             slots.append(slot_of[child])
             current = child
-        session.keep_drafted(0, context, last.prefix, slots)
+        state.keep_drafted(0, context, last.prefix, slots)

@@ -14,7 +14,7 @@ from spectune.draft import Draft, Refusal
 from spectune.drafters.base import Drafter, DraftRequest, TargetFeatures
 from spectune.sampling import SamplingParams
 
-__all__ = ["FailingDrafter", "ScriptedDrafter", "ScriptedSession"]
+__all__ = ["FailingDrafter", "ScriptedDrafter", "ScriptedRows"]
 
 
 class ScriptedDrafter:
@@ -61,8 +61,8 @@ class ScriptedDrafter:
         self.commits += 1
 
 
-class ScriptedSession:
-    """A ``DraftSession`` whose answer to each request is ``answer(request)`` (a draft or a
+class ScriptedRows:
+    """A ``DraftRows`` whose answer to each request is ``answer(request)`` (a draft or a
     refusal); it keeps no per-row state and counts the rows it was told about."""
 
     def __init__(

@@ -54,7 +54,7 @@ class DraftSource:
         return self.drafters
 
     def for_batch(self) -> drafting.DraftSource | None:
-        """The ``draft`` argument of ``BatchEngine``: what opens a session over its rows."""
+        """The ``draft`` argument of ``BatchEngine``: what opens a row set over its rows."""
         if self.drafter is not None:
             return batch_source(self.drafter)
         return None if self.drafters is None else PerRow(self.drafters)

@@ -1,5 +1,5 @@
-"""A learned drafter is written once, for rows: its one-sequence face is a one-row session
-(``spectune.drafters.base.OneRow``), and a row of a batched session drafts what the
+"""A learned drafter is written once, for rows: its one-sequence face is a one-row set
+(``spectune.drafters.base.OneRow``), and a row of a batched row set drafts what the
 drafter drafts alone."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from spectune.decode.step import CHUNK_SLACK
 from spectune.draft import CONTEXT_FULL, Draft, Refusal, RefusalKind
 from spectune.drafters.base import DraftRequest, OneRow
 from spectune.drafters.model import ModelDrafter
-from spectune.drafters.scripted import ScriptedSession
+from spectune.drafters.scripted import ScriptedRows
 from spectune.errors import DrafterError
 from spectune.models.llama import LlamaLM
 from spectune.sampling import SamplingParams
@@ -26,14 +26,14 @@ def test_a_row_of_a_batched_session_drafts_what_the_drafter_drafts_alone(
     toy_draft: LlamaLM, temperature: float
 ) -> None:
     params = SamplingParams(temperature=temperature)
-    session = ModelDrafter(toy_draft).open(len(CONTEXTS), 64 + CHUNK_SLACK, CHUNK_SLACK)
+    state = ModelDrafter(toy_draft).open(len(CONTEXTS), 64 + CHUNK_SLACK, CHUNK_SLACK)
     for row, context in enumerate(CONTEXTS):
-        session.add(row, context, None)
+        state.add(row, context, None)
     requests = [
         DraftRequest(row, context, 2 + row, params, torch.Generator().manual_seed(row))
         for row, context in enumerate(CONTEXTS)
     ]
-    batched = session.propose(requests, len(CONTEXTS))
+    batched = state.propose(requests, len(CONTEXTS))
     for row, context in enumerate(CONTEXTS):
         alone = ModelDrafter(toy_draft)
         alone.reset()
@@ -51,7 +51,7 @@ def test_one_row_refusals_are_drafter_errors_and_k_zero_is_empty(toy_draft: Llam
     empty = drafter.propose([1, 2, 3], 0, SamplingParams(), None)
     assert empty.tokens.shape == (0,)
     assert empty.probs is not None and empty.probs.shape == (0, toy_draft.info.vocab_size)
-    # A one-row session of 8 slots: a context of 8 and 2 draft tokens do not fit.
+    # A one-row set of 8 slots: a context of 8 and 2 draft tokens do not fit.
     row = OneRow(lambda: drafter.open(1, capacity=8))
     with pytest.raises(DrafterError, match="draft_context_full"):
         row.propose(list(range(1, 9)), 2, SamplingParams(), None)
@@ -60,7 +60,7 @@ def test_one_row_refusals_are_drafter_errors_and_k_zero_is_empty(toy_draft: Llam
     draft = fresh.propose([1, 5, 9], 2, SamplingParams(), None)
     assert len(draft) == 2 and fresh.row.joined
     fresh.reset()
-    assert not fresh.row.joined and fresh.row.session.cache.length() == 0
+    assert not fresh.row.joined and fresh.row.state.cache.length() == 0
 
 
 def test_each_refusal_kind_reads_as_its_fallback_reason() -> None:
@@ -92,6 +92,6 @@ def test_a_one_row_refusal_raises_its_detail() -> None:
         (Refusal.error("boom"), "^boom$"),
         (CONTEXT_FULL, "^draft_context_full$"),
     ):
-        row = OneRow(partial(ScriptedSession, partial(refuse, refusal)))
+        row = OneRow(partial(ScriptedRows, partial(refuse, refusal)))
         with pytest.raises(DrafterError, match=message):
             row.propose([1, 2], 2, SamplingParams(), None)

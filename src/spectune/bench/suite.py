@@ -1,4 +1,4 @@
-"""One benchmark session: loaded workbenches and prompts in, results.json/.md and PNGs out.
+"""One benchmark run: loaded workbenches and prompts in, results.json/.md and PNGs out.
 
 Steps: (1) each target's verification-cost curve (measured at loading); (2) warm every system up,
 estimate the run time from those calls and trim to the budget, up front; (3) run every
@@ -35,7 +35,7 @@ from spectune.bench.summary import summarize
 from spectune.bench.systems import SystemInfo
 from spectune.models.devices import cpu_name
 
-__all__ = ["environment", "run_session"]
+__all__ = ["environment", "run_suite"]
 
 
 def environment() -> dict[str, Any]:
@@ -63,7 +63,7 @@ def _system_infos(workbenches: Sequence[Workbench]) -> list[SystemInfo]:
     return list(infos.values())
 
 
-def run_session(
+def run_suite(
     config: BenchConfig,
     workbenches: Sequence[Workbench],
     prompts: Sequence[BenchPrompt],
