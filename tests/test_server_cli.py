@@ -69,3 +69,51 @@ def test_serve_rejects_bad_settings(captured: dict[str, Any]) -> None:
     assert main(["serve", "--speculate-max-batch", "-1"]) == 2
     assert main(["serve", "--policy", "fixed", "-k", "99"]) == 2
     assert "app" not in captured
+
+
+def _service_of(captured: dict[str, Any]) -> Any:
+    return captured["app"].state.service
+
+
+def test_serve_keeps_each_tenants_history_apart_by_default(
+    captured: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("key-a alice\nkey-b bob\n", encoding="utf-8")
+    assert main(["serve", "--draft", "suffix:none", "--api-keys", str(keys)]) == 0
+    err = capsys.readouterr().err
+    assert "suffix history tenant, 262144 tokens" in err and "warning" not in err
+    service = _service_of(captured)
+    assert service.drafters.scope == "tenant"
+    assert dict(service.keys.tenants) == {"key-a": "alice", "key-b": "bob"}
+    with running_server(captured["app"]) as url:
+        bad = openai.OpenAI(base_url=url + "/v1", api_key="key-c", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        good = openai.OpenAI(base_url=url + "/v1", api_key="key-b", max_retries=0)
+        assert [m.id for m in good.models.list()] == ["toy"]
+
+    assert main(["serve", "--draft", "suffix:none"]) == 0  # no keys: no history at all
+    assert "suffix history none" in capsys.readouterr().err
+    assert _service_of(captured).drafters is None
+
+
+def test_serve_warns_of_a_global_history(
+    captured: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["serve", "--draft", "suffix:none", "--suffix-history-scope", "global", "--api-key", "k"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "warning: --suffix-history-scope global" in err and "suffix history global" in err
+    assert _service_of(captured).drafters.scope == "global"
+
+
+def test_serve_refuses_bad_tenant_settings(
+    captured: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["serve", "--draft", "suffix:none", "--suffix-history-scope", "tenant"]) == 2
+    assert "needs API keys" in capsys.readouterr().err
+    assert main(["serve", "--api-keys", str(tmp_path / "absent")]) == 2
+    assert "cannot read API keys" in capsys.readouterr().err
+    assert main(["serve", "--suffix-history-tokens", "-1"]) == 2
+    assert "app" not in captured

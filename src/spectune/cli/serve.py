@@ -1,8 +1,10 @@
 """``spectune serve``: the OpenAI-compatible HTTP server (see ``spectune.server``).
 
 Binds 127.0.0.1 unless ``--host`` says otherwise; an API key (``--api-key`` or the
-``SPECTUNE_API_KEY`` environment variable) is then strongly advised, and its absence on a
-non-loopback address is warned about.
+``SPECTUNE_API_KEY`` environment variable, or a file of keys and their tenants with
+``--api-keys``) is then strongly advised, and its absence on a non-loopback address is
+warned about. Suffix and hybrid drafts draw on earlier outputs of the same tenant only
+(``--suffix-history-scope``, docs/serving.md "Multi-tenant serving").
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import ipaddress
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,8 +32,6 @@ from spectune.control.base import FixedK, KPolicy
 from spectune.control.config import PolicySpec
 from spectune.control.crossover import verify_curve_of
 from spectune.control.registry import build_policy
-from spectune.drafters.pairing import with_history
-from spectune.drafters.suffix_history import HistoryStore
 from spectune.errors import InvalidParameterError
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
@@ -38,13 +39,23 @@ from spectune.sampling import SamplingParams
 from spectune.server.engines import (
     DEFAULT_DRAFT_DEADLINE,
     ENGINES,
+    HISTORY_SCOPES,
     DraftSource,
     EngineSettings,
+    RequestDrafters,
     build_engine,
+    scoped_history,
 )
 
 if TYPE_CHECKING:
     from spectune.server import Limits
+    from spectune.server.limits import ApiKeys
+
+GLOBAL_HISTORY_WARNING = (
+    "--suffix-history-scope global: every request drafts from every client's earlier "
+    "outputs, so a client can learn from its acceptance or latency whether some text was "
+    "generated for another client (docs/serving.md, Multi-tenant serving)"
+)
 
 __all__ = ["register"]
 
@@ -60,6 +71,13 @@ def register(subparsers: Any) -> None:
         "--api-key",
         default=os.environ.get("SPECTUNE_API_KEY"),
         help="require 'Authorization: Bearer KEY' (default: $SPECTUNE_API_KEY; none: open)",
+    )
+    parser.add_argument(
+        "--api-keys",
+        type=Path,
+        metavar="FILE",
+        help="accept these keys too: one 'KEY TENANT' per line, each tenant's drafts kept "
+        "apart from the others' (default: none)",
     )
     parser.add_argument("--served-model-name", help="the model name clients send")
     add_policy_args(parser)
@@ -86,7 +104,22 @@ def register(subparsers: Any) -> None:
         type=int,
         default=262_144,
         help="suffix/hybrid drafts also draw on earlier requests' outputs, up to this many "
-        "tokens (oldest evicted first; 0: off)",
+        "tokens in all (the least recently served tenant's go first; 0: off; default %(default)s)",
+    )
+    parser.add_argument(
+        "--suffix-history-scope",
+        choices=HISTORY_SCOPES,
+        default=None,
+        help="whose earlier outputs a request drafts from: none, its own tenant's, or every "
+        "client's (global: clients can learn about each other's outputs) (default: tenant "
+        "with API keys, none without)",
+    )
+    parser.add_argument(
+        "--no-spec-usage",
+        dest="spec_usage",
+        action="store_false",
+        help="leave the request's speculation counts out of responses' usage (they stay in "
+        "/metrics)",
     )
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -112,9 +145,34 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _keys(args: argparse.Namespace) -> ApiKeys | None:
+    """The keys ``--api-key`` and ``--api-keys`` give (None: the server is open)."""
+    from spectune.server.limits import DEFAULT_TENANT, ApiKeys
+
+    single = {args.api_key: DEFAULT_TENANT} if args.api_key else {}
+    if args.api_keys is not None:
+        return ApiKeys.read(args.api_keys, extra=single)
+    return ApiKeys(single) if single else None
+
+
+def _history_scope(args: argparse.Namespace, keys: ApiKeys | None) -> str:
+    scope: str | None = args.suffix_history_scope
+    if scope is None:
+        return "tenant" if keys is not None else "none"
+    if scope == "tenant" and keys is None:
+        raise InvalidParameterError(
+            "--suffix-history-scope tenant needs API keys (--api-key or --api-keys): without "
+            "them every client is the same tenant (say global to share the history knowingly)"
+        )
+    return scope
+
+
 def run(args: argparse.Namespace) -> int:
     from spectune.server import Limits
     from spectune.server.run import listen
+
+    keys = _keys(args)
+    args.keys, args.history_scope = keys, _history_scope(args, keys)
 
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise InvalidParameterError("--served-model-name must not be empty")
@@ -159,13 +217,11 @@ def _serve(
     from spectune.server.metrics import ServerMetrics
     from spectune.server.run import serve_on
 
-    if args.suffix_history_tokens < 0:
-        raise InvalidParameterError("--suffix-history-tokens must be >= 0")
     notes: list[str] = []
     target, drafter = load_models(args, notes)
-    if args.suffix_history_tokens > 0:
-        drafter = with_history(drafter, HistoryStore(args.suffix_history_tokens))
-    draft = DraftSource(drafter)
+    draft, drafters = scoped_history(
+        DraftSource(drafter), args.history_scope, args.suffix_history_tokens
+    )
 
     curve = verify_curve_of(target.model)
 
@@ -191,24 +247,32 @@ def _serve(
         served,
         engine,
         limits=limits,
-        api_key=args.api_key or None,
+        keys=args.keys,
         context_limit=context,
         policies=policies,
+        drafters=drafters,
         monitor=Monitor(registry=metrics.registry, trace=trace, on_warning=print_warning),
         metrics=metrics,
+        spec_usage=args.spec_usage,
     )
-    if not args.api_key and not _is_loopback(args.host):
-        print(
-            f"spectune: warning: serving on {args.host} without an API key; anyone who can "
-            "reach it can use it (set --api-key or SPECTUNE_API_KEY)",
-            file=sys.stderr,
+    if args.keys is None and not _is_loopback(args.host):
+        print_warning(
+            f"serving on {args.host} without an API key; anyone who can reach it can use it "
+            "(set --api-key, --api-keys or SPECTUNE_API_KEY)"
         )
+    if drafters is not None and drafters.scope == "global":
+        print_warning(GLOBAL_HISTORY_WARNING)
     print_notes(notes)
     print(f"spectune: {startup_line(drafter, spec)}; engine {args.engine}", file=sys.stderr)
     print(
         f"spectune: serving '{name}' (drafter {draft.name or 'none'}, policy {spec.name}, engine "
-        f"{args.engine}) at http://{args.host}:{sock.getsockname()[1]}/v1",
+        f"{args.engine}, suffix history {_history_line(drafters, args.suffix_history_tokens)}) at "
+        f"http://{args.host}:{sock.getsockname()[1]}/v1",
         file=sys.stderr,
     )
     serve_on(create_app(service), sock, log_level=args.log_level)
     return 0
+
+
+def _history_line(drafters: RequestDrafters | None, tokens: int) -> str:
+    return "none" if drafters is None else f"{drafters.scope}, {tokens} tokens"

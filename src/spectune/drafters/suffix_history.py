@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +41,7 @@ from spectune.drafters.suffix_index import (
 )
 from spectune.errors import InvalidParameterError
 
-__all__ = ["REINDEX_MAX_SCAN", "REINDEX_MIN_TOKENS", "HistoryStore"]
+__all__ = ["REINDEX_MAX_SCAN", "REINDEX_MIN_TOKENS", "HistoryStore", "TenantHistories"]
 
 REINDEX_MIN_TOKENS = 4096  # below this the newest outputs are only scanned
 REINDEX_MAX_SCAN = 16_384  # the newest outputs scanned on a lookup, at most
@@ -100,10 +101,16 @@ class HistoryStore:
     under a key (re-adding a key replaces it); ``find`` gives the longest match of a tail
     (module docstring: an index plus a scan of the newest outputs). A lock guards both:
     outputs are filed from whichever thread drops a request's drafter, while another may
-    be drafting.
+    be drafting. ``on_add`` is called after each filing, outside the lock (``TenantHistories``
+    bounds several stores together with it).
     """
 
-    def __init__(self, max_tokens: int = 262_144, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+    def __init__(
+        self,
+        max_tokens: int = 262_144,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        on_add: Callable[[HistoryStore], None] | None = None,
+    ) -> None:
         if max_tokens < 1 or max_depth < 1:
             raise InvalidParameterError(
                 f"max_tokens and max_depth must be >= 1, got {max_tokens} and {max_depth}"
@@ -119,6 +126,7 @@ class HistoryStore:
         self._recent_stream: TokenArray | None = None  # joined lazily
         self.added = 0  # documents ever added (evicted ones included)
         self.reindexed = 0  # re-indexes so far
+        self.on_add = on_add
         self._lock = threading.Lock()
 
     def add(self, key: int, output: Document) -> None:
@@ -134,6 +142,17 @@ class HistoryStore:
             self.added += 1
             while self._size > self.max_tokens:
                 self._remove(next(iter(self._docs)))
+        if self.on_add is not None:
+            self.on_add(self)
+
+    def clear(self) -> None:
+        """Forget every output (the index too)."""
+        with self._lock:
+            self._docs.clear()
+            self._recent.clear()
+            self._size = self._recent_size = self._dropped = 0
+            self._indexed = None
+            self._recent_stream = None
 
     def _remove(self, key: int) -> None:
         doc = self._docs.pop(key, None)
@@ -211,3 +230,64 @@ class HistoryStore:
         self._recent_size = 0
         self._recent_stream = None
         self.reindexed += 1
+
+
+class TenantHistories:
+    """One ``HistoryStore`` per tenant (a server's API-key holder), all under one bound.
+
+    A request drafts only from its own tenant's store, so nothing one tenant's requests
+    produced can shape another's drafts, acceptance or latency. The stores share
+    ``max_tokens`` in total: when a filing takes the total past it, the stores of the
+    tenants least recently served go whole (oldest tenant out); a tenant alone past it
+    loses its own oldest outputs (each store's own bound is the total).
+    """
+
+    def __init__(self, max_tokens: int = 262_144, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+        if max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.max_depth = max_depth
+        self._stores: OrderedDict[str, HistoryStore] = OrderedDict()  # least recent first
+        self.evicted = 0  # tenants' stores dropped to keep the bound
+        self._lock = threading.Lock()
+
+    def store(self, tenant: str) -> HistoryStore:
+        """``tenant``'s store (a new, empty one for a tenant not held), now the most recent."""
+        with self._lock:
+            store = self._stores.get(tenant)
+            if store is None:
+                store = HistoryStore(self.max_tokens, self.max_depth, on_add=self._filed)
+                self._stores[tenant] = store
+            self._stores.move_to_end(tenant)
+            return store
+
+    def _filed(self, store: HistoryStore) -> None:
+        dropped: list[HistoryStore] = []
+        with self._lock:
+            for tenant, held in self._stores.items():
+                if held is store:  # filing counts as being served
+                    self._stores.move_to_end(tenant)
+                    break
+            total = sum(held.num_tokens for held in self._stores.values())
+            while total > self.max_tokens and len(self._stores) > 1:
+                # the filer's store is the most recent: the oldest tenant is another
+                tenant, held = next(iter(self._stores.items()))
+                del self._stores[tenant]
+                total -= held.num_tokens
+                dropped.append(held)
+                self.evicted += 1
+        for held in dropped:  # a request still drafting from one keeps a harmless empty store
+            held.clear()
+
+    def tenants(self) -> list[str]:
+        """The tenants held, least recently served first."""
+        with self._lock:
+            return list(self._stores)
+
+    def __len__(self) -> int:
+        return len(self._stores)
+
+    @property
+    def num_tokens(self) -> int:
+        with self._lock:
+            return sum(held.num_tokens for held in self._stores.values())

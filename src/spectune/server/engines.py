@@ -2,6 +2,12 @@
 
 ``batch`` (``spectune.decode.batch.BatchEngine``) runs one target pass per step over every
 running request; ``sequential`` runs one pass per request (exact, slower; a reference).
+
+Suffix and hybrid drafters can also draft from earlier requests' outputs. Whose outputs is
+the history scope (``HISTORY_SCOPES``): ``none`` (a request's own prompt and output and the
+shipped corpus only), ``tenant`` (also earlier outputs for the same API key's holder) or
+``global`` (everyone's: a client can then learn from its acceptance or latency whether some
+text was generated for another client; docs/serving.md, "Multi-tenant serving").
 """
 
 from __future__ import annotations
@@ -18,15 +24,67 @@ from spectune.decode.sequential import SequentialBatchEngine
 from spectune.drafters import base as drafting
 from spectune.drafters.base import Drafter, fresh_drafter
 from spectune.drafters.batched import PerRow, batch_source
+from spectune.drafters.suffix import HistoryUser
+from spectune.drafters.suffix_history import HistoryStore, TenantHistories
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams
-from spectune.server.scheduler import RequestPolicies, StepEngine
+from spectune.server.scheduler import AdmitChoice, RequestPolicies, StepEngine
 
-__all__ = ["ENGINES", "DraftSource", "EngineSettings", "build_engine"]
+__all__ = [
+    "ENGINES",
+    "HISTORY_SCOPES",
+    "DraftSource",
+    "EngineSettings",
+    "RequestDrafters",
+    "build_engine",
+    "scoped_history",
+]
 
 ENGINES = ("batch", "sequential")
+HISTORY_SCOPES = ("none", "tenant", "global")
 DEFAULT_DRAFT_DEADLINE = 10.0  # seconds
+
+
+class RequestDrafters(AdmitChoice[str]):
+    """Per-request drafters over the history of the request's scope (module docstring).
+
+    The engine calls it inside ``add``; the scheduler names the request's tenant with
+    ``choosing``. ``scope``: ``tenant`` (one store per tenant, ``max_tokens`` in total,
+    ``TenantHistories``) or ``global`` (one store of ``max_tokens``). A request with no
+    tenant under ``tenant`` scope drafts from no history.
+    """
+
+    def __init__(self, drafter: Drafter, scope: str, max_tokens: int) -> None:
+        super().__init__()
+        if scope not in HISTORY_SCOPES[1:]:
+            raise InvalidParameterError(f"a history scope of {scope!r} keeps no history")
+        self.drafter = drafter
+        self.scope = scope
+        self.tenants = TenantHistories(max_tokens) if scope == "tenant" else None
+        self.shared = HistoryStore(max_tokens) if scope == "global" else None
+
+    def history(self, tenant: str | None) -> HistoryStore | None:
+        """The store a request of ``tenant`` drafts from and files its output in."""
+        if self.tenants is None:
+            return self.shared
+        return None if tenant is None else self.tenants.store(tenant)
+
+    @property
+    def num_stores(self) -> int:
+        return 1 if self.tenants is None else len(self.tenants)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held in every store."""
+        store = self.tenants if self.tenants is not None else self.shared
+        return 0 if store is None else store.num_tokens
+
+    def __call__(self) -> Drafter:
+        fresh = fresh_drafter(self.drafter)  # a hybrid's model source needs its own state
+        if isinstance(fresh, HistoryUser):
+            return fresh.with_history(self.history(self.chosen))
+        return fresh
 
 
 @dataclass(frozen=True)
@@ -58,6 +116,24 @@ class DraftSource:
         if self.drafter is not None:
             return batch_source(self.drafter)
         return None if self.drafters is None else PerRow(self.drafters)
+
+
+def scoped_history(
+    draft: DraftSource, scope: str, max_tokens: int
+) -> tuple[DraftSource, RequestDrafters | None]:
+    """``draft`` with per-request drafters over the ``scope``'s history of ``max_tokens``
+    tokens, and those drafters; ``draft`` itself and None where no history is kept: scope
+    ``none``, no tokens, or a drafter that cannot use one (only suffix and hybrid can)."""
+    if scope not in HISTORY_SCOPES:
+        raise InvalidParameterError(
+            f"the suffix history scope must be one of {', '.join(HISTORY_SCOPES)}, got {scope!r}"
+        )
+    if max_tokens < 0:
+        raise InvalidParameterError(f"the suffix history needs >= 0 tokens, got {max_tokens}")
+    if scope == "none" or max_tokens == 0 or not isinstance(draft.drafter, HistoryUser):
+        return draft, None
+    drafters = RequestDrafters(draft.drafter, scope, max_tokens)
+    return DraftSource(drafters=drafters, label=draft.name), drafters
 
 
 @dataclass(frozen=True)

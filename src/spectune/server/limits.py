@@ -1,23 +1,29 @@
-"""Safe defaults: request limits, the body-size guard and the optional API key.
+"""Safe defaults: request limits, the body-size guard and the optional API keys.
 
 Every limit is answered with a 4xx in OpenAI's error shape before any model work is
 done: 413 for a body over ``max_body_bytes`` (checked on the declared length and on the
 bytes actually received), 400 for too many prompt tokens or too large ``max_tokens``,
 429 when ``max_requests`` are already running or waiting, 401 for a missing or wrong key.
+Each key belongs to a tenant (``ApiKeys``); the tenant scopes what a request drafts from.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from spectune.errors import InvalidParameterError
 from spectune.server.errors import APIError
 
-__all__ = ["BodySizeLimit", "Limits", "check_api_key"]
+__all__ = ["DEFAULT_TENANT", "ApiKeys", "BodySizeLimit", "Limits"]
+
+DEFAULT_TENANT = "default"  # the holder of ``--api-key``
 
 
 @dataclass(frozen=True)
@@ -36,20 +42,68 @@ class Limits:
             raise ValueError("default_max_tokens must be in [1, max_tokens]")
 
 
-def check_api_key(expected: str | None, authorization: str | None) -> None:
-    """Raise a 401 unless ``authorization`` is ``Bearer <expected>`` (no key: all pass)."""
-    if expected is None:
-        return
-    scheme, _, token = (authorization or "").partition(" ")
-    # compare_digest: the time taken does not reveal how much of the key matched.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        token.strip().encode(), expected.encode()
-    ):
-        raise APIError(
-            401,
-            "missing or incorrect API key (send 'Authorization: Bearer <key>')",
-            code="invalid_api_key",
-        )
+@dataclass(frozen=True)
+class ApiKeys:
+    """The keys a server accepts, each naming its tenant (keys may share a tenant, e.g.
+    an old and a new key while one is rotated)."""
+
+    tenants: Mapping[str, str]  # key -> tenant
+
+    def __post_init__(self) -> None:
+        if not self.tenants:
+            raise InvalidParameterError("no API keys given")
+        for key, tenant in self.tenants.items():
+            if not key or any(c.isspace() for c in key) or not tenant.strip():
+                raise InvalidParameterError(
+                    "an API key must be non-empty without spaces, and name a tenant"
+                )
+
+    @classmethod
+    def single(cls, key: str, tenant: str = DEFAULT_TENANT) -> ApiKeys:
+        return cls({key: tenant})
+
+    @classmethod
+    def read(cls, path: Path, extra: Mapping[str, str] | None = None) -> ApiKeys:
+        """Keys from ``path``, one ``KEY TENANT`` per line (blank lines and ``#`` comments
+        are skipped), plus ``extra``; a bad line is an ``InvalidParameterError`` naming it."""
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidParameterError(f"cannot read API keys from {path}: {exc}") from exc
+        tenants = dict(extra or {})
+        for number, line in enumerate(lines, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            words = text.split(None, 1)
+            where = f"{path}, line {number}"
+            if len(words) < 2:
+                raise InvalidParameterError(f"{where}: expected 'KEY TENANT', got one word")
+            key, tenant = words
+            if key in tenants:
+                raise InvalidParameterError(f"{where}: this key is given twice")
+            tenants[key] = tenant.strip()
+        if not tenants:
+            raise InvalidParameterError(f"{path} holds no API keys")
+        return cls(tenants)
+
+    def tenant_of(self, authorization: str | None) -> str:
+        """The tenant of ``Authorization: Bearer <key>``; a 401 for a missing or wrong key."""
+        scheme, _, token = (authorization or "").partition(" ")
+        sent = token.strip().encode()
+        found: str | None = None
+        # compare_digest against every key, none skipped: the time taken reveals neither
+        # how much of a key matched nor which key it was.
+        for key, tenant in self.tenants.items():
+            if hmac.compare_digest(sent, key.encode()):
+                found = tenant
+        if scheme.lower() != "bearer" or found is None:
+            raise APIError(
+                401,
+                "missing or incorrect API key (send 'Authorization: Bearer <key>')",
+                code="invalid_api_key",
+            )
+        return found
 
 
 class BodySizeLimit:

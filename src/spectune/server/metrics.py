@@ -1,10 +1,10 @@
 """The server's Prometheus metrics, in a registry the app owns (never the global one).
 
 HTTP and scheduling here (requests by status, latency, time to first token, batch sizes,
-running and waiting requests); the speculation metrics (``spectune_spec_decode_*``:
-drafted, accepted, per position, fallbacks, rates) come from ``spectune.monitor`` on the
-same registry. Plain counters and histograms, as vLLM does: rates are derived by the
-scraper or by the monitor's gauges.
+running and waiting requests, the suffix history's size); the speculation metrics
+(``spectune_spec_decode_*``: drafted, accepted, per position, fallbacks, rates) come from
+``spectune.monitor`` on the same registry. Plain counters and histograms, as vLLM does:
+rates are derived by the scraper or by the monitor's gauges.
 """
 
 from __future__ import annotations
@@ -60,6 +60,14 @@ class ServerMetrics:
         )
         self.running = Gauge("spectune_running_requests", "requests in the batch", registry=r)
         self.waiting = Gauge("spectune_waiting_requests", "requests queued", registry=r)
+        self.history_tokens = Gauge(
+            "spectune_suffix_history_tokens",
+            "tokens of earlier outputs held for suffix drafting, all tenants",
+            registry=r,
+        )
+        self.history_tenants = Gauge(
+            "spectune_suffix_history_tenants", "tenants with a history store", registry=r
+        )
 
     def observe_step(self, batch_size: int, seconds: float) -> None:
         self.steps.inc()

@@ -15,9 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from spectune.errors import SpectuneError
 from spectune.server.errors import ERROR_RESPONSES, APIError
-from spectune.server.limits import check_api_key
 from spectune.server.output import Delta, TextAssembler
-from spectune.server.schemas import ChatCompletionRequest, CompletionRequest, Usage
+from spectune.server.schemas import ChatCompletionRequest, CompletionRequest, SpecUsage, Usage
 from spectune.server.service import Prepared, Service
 
 __all__ = ["build_router"]
@@ -29,15 +28,24 @@ def _service(request: Request) -> Service:
 
 
 def _authorized(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
-    check_api_key(_service(request).api_key, authorization)
+    """A 401 unless the key is one of the server's (no keys: all pass); the key's tenant
+    goes into ``request.state.tenant`` (None without keys)."""
+    keys = _service(request).keys
+    request.state.tenant = None if keys is None else keys.tenant_of(authorization)
 
 
-def usage_of(prepared: Prepared, assembler: TextAssembler) -> dict[str, Any]:
+def usage_of(prepared: Prepared, assembler: TextAssembler, speculation: bool) -> dict[str, Any]:
+    """OpenAI's usage block, plus this request's own speculation counts if ``speculation``."""
     stats = assembler.usage()
-    return Usage(
+    plain = Usage(
         prompt_tokens=len(prepared.prompt),
         completion_tokens=stats.completion_tokens,
         total_tokens=len(prepared.prompt) + stats.completion_tokens,
+    )
+    if not speculation:
+        return plain.model_dump()
+    return SpecUsage(
+        **plain.model_dump(),
         drafted=stats.drafted,
         accepted=stats.accepted,
         acceptance_rate=round(stats.acceptance_rate, 4),
@@ -111,7 +119,7 @@ async def _respond(
     status = 500
     streaming = False  # a started stream counts its own status when it ends
     try:
-        prepared = service.prepare(body)
+        prepared = service.prepare(body, tenant=request.state.tenant)
         assembler = TextAssembler(service.served.tokenizer, prepared.params.stop)
         shape = _Shape(isinstance(body, ChatCompletionRequest), service.served.name)
         if prepared.stream:
@@ -139,7 +147,9 @@ async def _respond(
         metrics.observe_request(len(prepared.prompt), assembler.usage())
         metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
         status = 200
-        return JSONResponse(shape.full("".join(text), finish, usage_of(prepared, assembler)))
+        return JSONResponse(
+            shape.full("".join(text), finish, usage_of(prepared, assembler, service.spec_usage))
+        )
     except APIError as exc:
         status = exc.status
         raise
@@ -187,7 +197,7 @@ async def _events(
                 return
             yield _sse(shape.chunk(delta, first=False))
         if prepared.include_usage:
-            yield _sse(shape.usage_chunk(usage_of(prepared, assembler)))
+            yield _sse(shape.usage_chunk(usage_of(prepared, assembler, service.spec_usage)))
         yield _sse("[DONE]")
         status = "200"
         metrics.observe_request(len(prepared.prompt), assembler.usage())
@@ -253,6 +263,10 @@ def build_router() -> APIRouter:
         service = _service(request)
         service.metrics.running.set(service.scheduler.running)
         service.metrics.waiting.set(service.scheduler.waiting)
+        drafters = service.drafters
+        if drafters is not None:
+            service.metrics.history_tokens.set(drafters.num_tokens)
+            service.metrics.history_tenants.set(drafters.num_stores)
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return router

@@ -15,9 +15,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
@@ -27,6 +27,7 @@ from spectune.sampling import SamplingParams
 
 __all__ = [
     "AsyncSink",
+    "AdmitChoice",
     "QueueFull",
     "RequestPolicies",
     "Scheduler",
@@ -90,31 +91,40 @@ class Submission:
     params: SamplingParams
     sink: UpdateSink
     policy: KPolicy | None = None  # None: the engine's default policy
+    tenant: str | None = None  # the API key's holder (None: no keys)
 
 
-class RequestPolicies:
-    """A ``policy_factory`` for batch engines whose ``add`` takes no policy.
+T = TypeVar("T")
 
-    The engine calls it inside ``add``; the scheduler (one thread, one ``add`` at a time)
-    names the policy of the request it is about to add with ``choosing``. Requests that
-    name none get ``default(params)``.
-    """
 
-    def __init__(self, default: Callable[[SamplingParams], KPolicy]) -> None:
-        self.default = default
-        self._next: KPolicy | None = None
+class AdmitChoice(Generic[T]):
+    """Something of the request being added that a factory of the engine reads inside
+    ``add``: the scheduler (one thread, one ``add`` at a time) names it with ``choosing``
+    around the call; ``chosen`` is None outside one."""
 
-    def __call__(self, params: SamplingParams) -> KPolicy:
-        policy, self._next = self._next, None
-        return policy if policy is not None else self.default(params)
+    def __init__(self) -> None:
+        self.chosen: T | None = None
 
     @contextmanager
-    def choosing(self, policy: KPolicy) -> Iterator[None]:
-        self._next = policy
+    def choosing(self, value: T | None) -> Iterator[None]:
+        self.chosen = value
         try:
             yield
         finally:
-            self._next = None
+            self.chosen = None
+
+
+class RequestPolicies(AdmitChoice[KPolicy]):
+    """A ``policy_factory`` for batch engines whose ``add`` takes no policy: the policy the
+    scheduler names with ``choosing``; requests that name none get ``default(params)``."""
+
+    def __init__(self, default: Callable[[SamplingParams], KPolicy]) -> None:
+        super().__init__()
+        self.default = default
+
+    def __call__(self, params: SamplingParams) -> KPolicy:
+        policy, self.chosen = self.chosen, None
+        return policy if policy is not None else self.default(params)
 
 
 class QueueFull(Exception):
@@ -127,7 +137,8 @@ class Scheduler:
     ``max_requests`` bounds running plus waiting requests (``submit`` raises ``QueueFull``
     beyond it). ``on_step(batch_size, seconds)`` is called after every step, for metrics.
     Per-request K policies reach the engine through ``add(policy=...)`` when it takes one,
-    else through ``policies`` (the ``RequestPolicies`` the engine was built with).
+    else through ``policies`` (the ``RequestPolicies`` the engine was built with); each
+    request's tenant through ``tenants`` (the engine's drafter factory reads it).
     """
 
     def __init__(
@@ -137,9 +148,11 @@ class Scheduler:
         max_requests: int = 64,
         on_step: Callable[[int, float], None] | None = None,
         policies: RequestPolicies | None = None,
+        tenants: AdmitChoice[str] | None = None,
     ) -> None:
         self.engine = engine
         self.policies = policies
+        self.tenants = tenants
         self.max_requests = max_requests
         self.on_step = on_step
         self._add_takes_policy = "policy" in inspect.signature(engine.add).parameters
@@ -252,31 +265,26 @@ class Scheduler:
         generator = None
         if submission.params.seed is not None:
             generator = torch.Generator().manual_seed(submission.params.seed)
+        tenant = nullcontext() if self.tenants is None else self.tenants.choosing(submission.tenant)
         try:
-            if submission.policy is not None and self._add_takes_policy:
-                self.engine.add(
-                    submission.request_id,
-                    submission.prompt,
-                    submission.params,
-                    generator=generator,
-                    policy=submission.policy,
-                )
-            elif submission.policy is not None and self.policies is not None:
-                with self.policies.choosing(submission.policy):
-                    self.engine.add(
-                        submission.request_id,
-                        submission.prompt,
-                        submission.params,
-                        generator=generator,
-                    )
-            else:
-                self.engine.add(
-                    submission.request_id, submission.prompt, submission.params, generator=generator
-                )
+            with tenant:
+                self._add(submission, generator)
         except Exception as exc:  # a bad request fails alone; the batch goes on
             submission.sink.fail(exc)
             return
         self._sinks[submission.request_id] = submission.sink
+
+    def _add(self, submission: Submission, generator: torch.Generator | None) -> None:
+        request_id, prompt, params = submission.request_id, submission.prompt, submission.params
+        if submission.policy is not None and self._add_takes_policy:
+            self.engine.add(
+                request_id, prompt, params, generator=generator, policy=submission.policy
+            )
+        elif submission.policy is not None and self.policies is not None:
+            with self.policies.choosing(submission.policy):
+                self.engine.add(request_id, prompt, params, generator=generator)
+        else:
+            self.engine.add(request_id, prompt, params, generator=generator)
 
     def _step(self) -> None:
         batch_size = len(self._sinks)

@@ -29,6 +29,7 @@ __all__ = [
     "CompletionRequest",
     "ErrorBody",
     "ErrorResponse",
+    "SpecUsage",
     "SpectuneOptions",
     "StreamOptions",
     "Usage",
@@ -149,11 +150,17 @@ class ChatCompletionRequest(_Sampling):
 
 
 class Usage(BaseModel):
-    """OpenAI's usage, plus this request's speculation statistics."""
+    """OpenAI's usage."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+
+
+class SpecUsage(Usage):
+    """OpenAI's usage, plus this request's own speculation statistics (``serve
+    --no-spec-usage`` leaves them out; with a shared history they are a side channel)."""
+
     drafted: int = Field(
         description="draft positions tested (a chain: its tokens; a token tree: its depth)"
     )

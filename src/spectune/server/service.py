@@ -21,8 +21,9 @@ from spectune.models.base import LanguageModel
 from spectune.models.tokenizer import Tokenizer
 from spectune.monitor.hub import Monitor
 from spectune.sampling import SamplingParams
+from spectune.server.engines import RequestDrafters
 from spectune.server.errors import APIError
-from spectune.server.limits import Limits
+from spectune.server.limits import ApiKeys, Limits
 from spectune.server.metrics import ServerMetrics
 from spectune.server.output import Delta, TextAssembler
 from spectune.server.scheduler import (
@@ -58,10 +59,17 @@ class Prepared:
     policy: KPolicy | None  # None: the engine's default
     stream: bool
     include_usage: bool
+    tenant: str | None = None  # the API key's holder (None: no keys)
 
 
 class Service:
-    """The served model, its scheduler, limits and metrics."""
+    """The served model, its scheduler, limits and metrics.
+
+    ``keys``: the API keys accepted and their tenants (None: open). ``drafters``: the
+    per-request drafter factory the engine was built with where it drafts from a history of
+    earlier outputs (``RequestDrafters``: each request's tenant reaches it). ``spec_usage``:
+    responses' usage carries the request's speculation counts.
+    """
 
     def __init__(
         self,
@@ -69,15 +77,19 @@ class Service:
         engine: StepEngine,
         *,
         limits: Limits | None = None,
-        api_key: str | None = None,
+        keys: ApiKeys | None = None,
         metrics: ServerMetrics | None = None,
         context_limit: int | None = None,
         policies: RequestPolicies | None = None,
+        drafters: RequestDrafters | None = None,
         monitor: Monitor | None = None,
+        spec_usage: bool = True,
     ) -> None:
         self.served = served
         self.limits = limits or Limits()
-        self.api_key = api_key
+        self.keys = keys
+        self.drafters = drafters
+        self.spec_usage = spec_usage
         self.metrics = metrics or ServerMetrics()
         # Speculation statistics (``spectune_spec_decode_*``) on the same registry.
         self.monitor = monitor or Monitor(registry=self.metrics.registry)
@@ -86,13 +98,16 @@ class Service:
             max_requests=self.limits.max_requests,
             on_step=self.metrics.observe_step,
             policies=policies,
+            tenants=drafters,
         )
         self.context_limit = context_limit or served.model.info.max_context
         self.cost_curve = verify_curve_of(served.model)  # the cost policy's prior
 
     # -- checking a request ---------------------------------------------------------------
 
-    def prepare(self, body: CompletionRequest | ChatCompletionRequest) -> Prepared:
+    def prepare(
+        self, body: CompletionRequest | ChatCompletionRequest, tenant: str | None = None
+    ) -> Prepared:
         if body.model != self.served.name and body.model not in self.served.aliases:
             raise APIError(
                 404,
@@ -128,6 +143,7 @@ class Service:
             policy=self._policy(body.spectune, params),
             stream=body.stream,
             include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            tenant=tenant,
         )
 
     def _prompt_tokens(self, body: CompletionRequest | ChatCompletionRequest) -> list[int]:
@@ -257,7 +273,9 @@ class Service:
         """
         request_id = uuid.uuid4().hex
         sink = AsyncSink(asyncio.get_running_loop())
-        submission = Submission(request_id, prepared.prompt, prepared.params, sink, prepared.policy)
+        submission = Submission(
+            request_id, prepared.prompt, prepared.params, sink, prepared.policy, prepared.tenant
+        )
         try:
             self.scheduler.submit(submission)
         except QueueFull as exc:

@@ -157,9 +157,9 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _metrics(url: str) -> dict[str, float]:
+def _metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
     values = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(url + "/metrics", headers=headers, timeout=10).text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             values[name] = float(value)

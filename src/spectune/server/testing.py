@@ -16,8 +16,8 @@ from fastapi import FastAPI
 from spectune.control.base import FixedK
 from spectune.models.llama import LlamaLM
 from spectune.models.tokenizer import Tokenizer, load_tokenizer
-from spectune.server.engines import DraftSource, EngineSettings, build_engine
-from spectune.server.limits import Limits
+from spectune.server.engines import DraftSource, EngineSettings, build_engine, scoped_history
+from spectune.server.limits import ApiKeys, Limits
 from spectune.server.service import ServedModel, Service
 
 __all__ = ["running_server", "toy_service", "toy_tokenizer"]
@@ -62,10 +62,19 @@ def toy_service(
     engine: EngineSettings | None = None,
     limits: Limits | None = None,
     api_key: str | None = None,
+    keys: ApiKeys | None = None,
+    history_scope: str = "none",
+    history_tokens: int = 4096,
+    spec_usage: bool = True,
     default_k: int = 4,
 ) -> Service:
-    """A service serving ``target`` as model ``toy`` (fixed K ``default_k`` with a draft)."""
-    draft = draft or DraftSource()
+    """A service serving ``target`` as model ``toy`` (fixed K ``default_k`` with a draft).
+
+    ``api_key``: one key (tenant ``default``); ``keys``: several. ``history_scope``: whose
+    earlier outputs a suffix or hybrid ``draft.drafter`` drafts from (``serve
+    --suffix-history-scope``), ``history_tokens`` of them in all.
+    """
+    draft, drafters = scoped_history(draft or DraftSource(), history_scope, history_tokens)
     speculate = draft.name is not None
     built, policies, context = build_engine(
         target,
@@ -74,8 +83,17 @@ def toy_service(
         lambda params: FixedK(default_k if speculate else 0),
     )
     served = ServedModel("toy", target, tokenizer, drafter=draft.name)
+    if api_key is not None:
+        keys = ApiKeys.single(api_key)
     return Service(
-        served, built, limits=limits, api_key=api_key, context_limit=context, policies=policies
+        served,
+        built,
+        limits=limits,
+        keys=keys,
+        context_limit=context,
+        policies=policies,
+        drafters=drafters,
+        spec_usage=spec_usage,
     )
 
 
