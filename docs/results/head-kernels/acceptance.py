@@ -1,5 +1,5 @@
 # Run: PYTHONPATH=src MKL_CBWR=AVX2 python docs/results/head-kernels/acceptance.py int4 [DRAFT_FOLDER]
-# (the README figures: the stage-1 head, /work/distill-runs/eagle3/draft)
+# (the README figures: the r1 head, /work/distill-runs/eagle3/draft)
 """Teacher-forced first-token acceptance of the shipped head (fp32 / int8 / int4 weights) on
 dev-split prompts, against the int4 target's own greedy continuations."""
 from pathlib import Path

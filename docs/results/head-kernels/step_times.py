@@ -1,6 +1,6 @@
 # Run: PYTHONPATH=src python docs/results/head-kernels/step_times.py THREADS [DRAFT_FOLDER or '' [TARGET_PRECISION]]
-# (MKL_CBWR=AVX2 on an AMD CPU; the README figures: 1 thread, the stage-1 head, a busy machine;
-# the head_kernels docstring: 2 threads, the stage-4 head, fp32 target, 2026-12-04 Intel Xeon)
+# (MKL_CBWR=AVX2 on an AMD CPU; the README figures: 1 thread, the r1 head, a busy machine;
+# the head_kernels docstring: 2 threads, the r4 head, fp32 target, 2026-12-04 Intel Xeon)
 """Head step cost and top-1 agreement: fp32 head vs int8 / int4 head, beside a target step
 (int4 unless TARGET_PRECISION says otherwise). The agreement is over a chat prompt followed by
 60 random tokens, a harsher input than text."""

@@ -1,4 +1,4 @@
-"""How often the hybrid (fp32, K = 2, stage-5 head) picks each source: 14 dev-split prompts,
+"""How often the hybrid (fp32, K = 2, r5 head) picks each source: 14 dev-split prompts,
 48 tokens, 2 threads; prints its learned statistics. Run: PYTHONPATH=src python docs/results/hybrid-complement/choices.py
 2026-12-04, Intel Xeon: suffix_steps 374, model_steps 24, merged_steps 9, suffix calibration 0.82,
 model rates 0.38 / 0.46, measured c 0.071 (its catch-up forwards after suffix steps included)."""

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_plots"]
+__all__ = ["speedup_heatmap", "write_plots"]
 
 RowData = Mapping[str, Any]
 # Adaptive policies of one drafter: its colour, told apart by the line (dotted, dash-dot,
@@ -26,12 +26,8 @@ def _slug(dtype: str, temperature: float) -> str:
 
 
 def _speedup_plot(rows: Sequence[RowData], path: Path, title: str) -> bool:
-    """A heatmap: one row per system, one column per category (and "all"), the speedup
-    written in each cell; green above plain decoding, red below, white at 1.0x. False (no
-    file) when plain decoding ran alone."""
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import TwoSlopeNorm
-
+    """Speedup per category: one row per system, one column per category and "all". False
+    (no file) when plain decoding ran alone."""
     categories = sorted({r["category"] for r in rows} - {"all"}) + ["all"]
     systems = [
         r["system"] for r in rows if r["category"] == "all" and r["system"] != "spectune plain"
@@ -40,33 +36,57 @@ def _speedup_plot(rows: Sequence[RowData], path: Path, title: str) -> bool:
         return False
     by_key = {(r["system"], r["category"]): r for r in rows}
     values = [
-        [by_key.get((system, c), {}).get("speedup_vs_plain") or float("nan") for c in categories]
+        [by_key.get((system, c), {}).get("speedup_vs_plain") for c in categories]
         for system in systems
     ]
-    finite = [v for row in values for v in row if v == v] or [1.0]
+    columns = [c.replace("_", " ") for c in categories]
+    speedup_heatmap(values, systems, columns, path, title, last_apart=True)
+    return True
+
+
+def speedup_heatmap(
+    values: Sequence[Sequence[float | None]],
+    systems: Sequence[str],
+    columns: Sequence[str],
+    path: Path,
+    title: str,
+    *,
+    last_apart: bool = False,
+) -> None:
+    """A heatmap of speedups (``values[system][column]``, None: not run), the figure written
+    in each cell; green above plain decoding, red below, white at 1.0x. ``last_apart``: a
+    line sets the last column (a total) apart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    grid = [[float("nan") if v is None else v for v in row] for row in values]
+    finite = [v for row in grid for v in row if v == v] or [1.0]
     spread = max(0.05, max(abs(v - 1.0) for v in finite))
     norm = TwoSlopeNorm(vcenter=1.0, vmin=1.0 - spread, vmax=1.0 + spread)
     fig, ax = plt.subplots(
         figsize=(
-            2.2 + 1.15 * len(categories) + 0.06 * max(len(s) for s in systems or [""]),
+            2.2 + 1.15 * len(columns) + 0.06 * max(len(s) for s in systems or [""]),
             1.2 + 0.36 * max(1, len(systems)),
         ),
     )
-    image = ax.imshow(values, cmap="RdYlGn", norm=norm, aspect="auto")
-    for i, row in enumerate(values):
+    image = ax.imshow(grid, cmap="RdYlGn", norm=norm, aspect="auto")
+    for i, row in enumerate(grid):
         for j, value in enumerate(row):
             if value == value:  # not NaN
                 ax.text(j, i, f"{value:.2f}x", ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(categories)), [c.replace("_", " ") for c in categories])
-    ax.set_yticks(range(len(systems)), systems, fontsize=8)
+    ax.set_xticks(range(len(columns)), list(columns))
+    ax.set_yticks(range(len(systems)), list(systems), fontsize=8)
     ax.tick_params(axis="x", labeltop=True, labelbottom=False, rotation=0, labelsize=8)
-    ax.axvline(len(categories) - 1.5, color="black", linewidth=1.0)  # "all" stands apart
+    if last_apart:
+        ax.axvline(len(columns) - 1.5, color="black", linewidth=1.0)
     ax.set_title(title, pad=24)
     fig.colorbar(image, ax=ax, label="speedup over spectune plain decoding (x)", shrink=0.8)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
-    return True
 
 
 def _k_plot(rows: Sequence[RowData], path: Path, title: str) -> bool:

@@ -64,7 +64,22 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.register(subparsers)
+    for subparser in subparsers.choices.values():
+        _show_defaults(subparser)
     return parser
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option's ``--help`` line names its default, unless its help already says it
+    (an option that is off unless given, or has no default, says nothing)."""
+    for action in parser._actions:  # argparse keeps no public list of a parser's actions
+        default = action.default
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        if default in (None, False, [], argparse.SUPPRESS) or "default" in (action.help or ""):
+            continue
+        shown = "(default: %(default)s)"
+        action.help = f"{action.help} {shown}" if action.help else shown
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,6 +19,19 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+class _Preset(argparse.Action):
+    """``--preset NAME``: set that preset's options here (flags after it still override)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any, *_: Any
+    ) -> None:
+        from spectune.bench.readme import preset
+
+        for dest, setting in preset().items():
+            setattr(namespace, dest, setting)
+        namespace.preset = value
+
+
 def register(subparsers: Any) -> None:
     from spectune.bench.plan import SYSTEM_KEYS
     from spectune.cli.common import add_device_arg
@@ -29,6 +42,14 @@ def register(subparsers: Any) -> None:
         help="benchmark spectune against plain decoding and transformers",
         description="Runs every system on the same prompts in one process, interleaved, and "
         "writes results.json, results.md and PNG plots.",
+    )
+    parser.add_argument(
+        "--preset",
+        choices=("readme",),
+        action=_Preset,
+        default=None,
+        help="readme: the README's results table, run end to end and written into README.md "
+        "and docs/results/readme (what 'make results' runs; flags after it override)",
     )
     parser.add_argument("--target", default="default", help="target model (default: SmolLM2-135M)")
     parser.add_argument(
@@ -83,6 +104,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        default=None,
+        help="also rewrite this file's results block and its plot (spectune.bench.readme)",
+    )
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
     )
@@ -169,6 +196,10 @@ def run(args: argparse.Namespace) -> int:
     from spectune.bench.suite import run_suite
 
     config = config_from_args(args)
+    if args.readme is not None:
+        from spectune.bench.readme import results_block
+
+        results_block(args.readme)  # a README without the block fails before the run
     if args.out.exists() and not args.out.is_dir():
         raise InvalidParameterError(f"--out {args.out} is a file; the results need a folder")
     if args.threads is not None:
@@ -196,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
                     limit_per_category=args.limit_per_category,
                 )
         assert prompts is not None  # at least one dtype
-        run_suite(
+        data = run_suite(
             config,
             workbenches,
             prompts,
@@ -205,4 +236,9 @@ def run(args: argparse.Namespace) -> int:
             command=command_line(args),
             plots=not args.no_plots,
         )
+    if args.readme is not None:
+        from spectune.bench.readme import write_readme_results
+
+        plot = write_readme_results(data, args.out, args.readme)
+        console.print(f"rewrote the results block of {args.readme} and {plot}")
     return 0

@@ -139,7 +139,7 @@ def precision_from_args(args: argparse.Namespace) -> tuple[Precision, torch.devi
 def auto_precision(target: str, runtime: str | None, device: torch.device) -> Precision:
     """What ``--dtype auto`` runs ``target`` at: int4 for a Llama-family GGUF stored in
     Q4_0/Q4_1 on the native runtime and the CPU (its layers go to the int4 kernel as
-    stored: plain decoding 3.35x fp32's speed on two cores, README "Runtimes", and greedy
+    stored: plain decoding 3.35x fp32's speed on two cores, docs/usage.md "Runtimes", and greedy
     speculative output equal to plain int4 decoding's); else fp32."""
     native = runtime in (None, "auto", "native")
     if native and device.type == "cpu" and stored_in_4_bits(target):
@@ -150,7 +150,7 @@ def auto_precision(target: str, runtime: str | None, device: torch.device) -> Pr
 def default_drafter(target: Loaded) -> str:
     """The drafter when ``--draft`` is not given: the suffix drafter over the shipped index
     where that index serves the target's vocabulary (the default target's; the fastest
-    measured drafter on it on fp32 and int4, README "Results"), else n-gram (it needs
+    measured drafter on it on fp32 and int4, docs/history.md), else n-gram (it needs
     nothing built for the target)."""
     return "suffix" if shipped_suffix_serves(target) else "ngram"
 

@@ -61,7 +61,14 @@ def register(subparsers: Any) -> None:
         help="draft model path or shipped name (auto: the shipped draft), or a stand-in: "
         "noise:X (the target plus noise) or layers:N (its first N layers)",
     )
-    parser.add_argument("--per-category", type=int, default=1, help="prompts per category")
+    parser.add_argument(
+        "--limit-per-category",
+        "--per-category",
+        dest="per_category",
+        type=int,
+        default=1,
+        help="prompts per category",
+    )
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     parser.add_argument(

@@ -46,7 +46,14 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--prompts", default=None, help="prompt JSONL (default: the built-in set)")
     parser.add_argument("--split", default="test", help="prompt split (dev, test, or 'all')")
-    parser.add_argument("--per-category", type=int, default=4, help="prompts per category")
+    parser.add_argument(
+        "--limit-per-category",
+        "--per-category",
+        dest="per_category",
+        type=int,
+        default=4,
+        help="prompts per category",
+    )
     parser.add_argument("--continuation-tokens", type=int, default=48)
     parser.add_argument("--confirm-prompts", type=int, default=6)
     parser.add_argument("--confirm-tokens", type=int, default=48)
@@ -64,7 +71,14 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="rank drafts that ship no tokenizer without comparing their token strings",
     )
-    parser.add_argument("--report-dir", type=Path, default=Path("select-report"))
+    parser.add_argument(
+        "--out",
+        "--report-dir",
+        dest="report_dir",
+        type=Path,
+        default=Path("select-report"),
+        help="folder for the report",
+    )
     add_precision_args(parser)
     add_runtime_arg(parser)
     parser.set_defaults(run=run)
@@ -78,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("--per-category must be at least 1")
     # Settings are checked before minutes of loading.
     if args.report_dir.exists() and not args.report_dir.is_dir():
-        raise InvalidParameterError(f"--report-dir {args.report_dir} is a file")
+        raise InvalidParameterError(f"--out {args.report_dir} is a file")
     precision, device = precision_from_args(args)
     settings = SelectSettings(
         continuation_tokens=args.continuation_tokens,

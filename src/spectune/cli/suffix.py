@@ -32,7 +32,9 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("source", type=Path, help="corpus folder of answers, or a .jsonl file")
-    parser.add_argument("--output", "-o", type=Path, required=True, help="index file (.npz)")
+    parser.add_argument(
+        "--out", "--output", "-o", dest="output", type=Path, required=True, help="index file (.npz)"
+    )
     parser.add_argument("--target", default="default", help="the model the corpus is from")
     parser.add_argument(
         "--split",
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise InvalidParameterError(f"{flag} must be >= 1, got {value}")
     if args.output.is_dir():
-        raise InvalidParameterError(f"--output {args.output} is a folder; give a file name")
+        raise InvalidParameterError(f"--out {args.output} is a folder; give a file name")
     if source.is_dir():
         documents = _answers(source, args.split)
     elif source.is_file():

@@ -4,9 +4,9 @@ situation at hand, the two compared token by token (the greedy rule, below).
 
 **Temperature 0, a suffix chain: the greedy rule** (since 2026-12-04).
 Which source is right depends on the step far more than one calibration per source can
-say: on the test prompts (stage-7 head, int4 and fp32), a suffix first token of corpus
-probability 0.8 or more was kept 0.86-0.88 of the time where the model drafted the same
-token and 0.15-0.17 (corpus match) or 0.40-0.44 (context match) where it drafted
+say: on the test prompts (the shipped head of 2026-12-04, int4 and fp32), a suffix first
+token of corpus probability 0.8 or more was kept 0.86-0.88 of the time where the model
+drafted the same token and 0.15-0.17 (corpus match) or 0.40-0.44 (context match) where it drafted
 another; the head's own probability of its token sorts its acceptance from 0.15 (under
 0.2) to 0.95 (over 0.9). So at T = 0 each draft token is priced by its
 **situation** (``RateKey``), and every situation's rate is learned (``RateTable``:
@@ -44,8 +44,8 @@ learned from what the target kept:
   draft: the running mean of accepted over the running mean of score (starts at 1, a
   pseudo-step of score 1: take the corpus at its word). A ratio of means, not a mean of
   per-step ratios: low-score drafts that happen to be kept (score 0.2, one token kept: a
-  ratio of 5) inflate the latter (21 test prompts at T = 0 beside fp32 with the stage-7
-  head: 0.62 against 0.43 accepted per unit of score), which priced suffix drafts
+  ratio of 5) inflate the latter (21 test prompts at T = 0 beside fp32 with the shipped
+  head of 2026-12-04: 0.62 against 0.43 accepted per unit of score), which priced suffix drafts
   over the model's;
 - ``model_rates`` = per draft position j, the running rate at which the target kept the
   model's j-th token given that it kept the tokens before it (each starts at 1/2, so an

@@ -149,7 +149,7 @@ def head_kernels(target_precision: str) -> QuantMode:
     int4 beside an int4 target, else int8 (fp32, bf16 and int8 targets). The head is read in
     full for every draft token, so its bytes are its cost (c): int8 reads a quarter of
     fp32's and leaves its drafts nearly unchanged (docs/results/head-kernels: teacher-forced
-    first-token acceptance 0.314 fp32, 0.311 int8, 0.312 int4; a step of the stage-4 head
+    first-token acceptance 0.314 fp32, 0.311 int8, 0.312 int4; a step of the head of 2026-12-04
     1.15 ms fp32, 0.72 int8, 0.62 int4 against 27 ms for the fp32 target, two threads).
     Verification is exact whatever the head's weights, so this changes no output."""
     return "int4" if target_precision == "int4" else "int8"

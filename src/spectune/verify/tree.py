@@ -30,7 +30,7 @@ target p_j, and, given everything before it, x_j really is distributed as q_j (t
 what drawing without replacement means). The standard argument (Leviathan et al. 2023,
 appendix A.1) shows that "accept x_j, else draw from the residual p_{j+1}" yields p_j.
 By induction from the last sibling (whose "else" is the exact draw from p_{m+1})
-backwards, stage 1 yields p: the token emitted at the node is distributed as the
+backwards, the first sibling yields p: the token emitted at the node is distributed as the
 target's. After an acceptance the same holds one level down, conditioned on the path,
 so the emitted sequence has the target's distribution. The rejected x_j has no mass in
 p_{j+1} (rejection needs p_j(x_j) < q_j(x_j)), so removing it from q_{j+1} keeps the

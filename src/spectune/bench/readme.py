@@ -1,0 +1,171 @@
+"""The README's results: one benchmark run as one table and one plot.
+
+``spectune bench --preset readme`` (``make results``) runs ``preset()`` (plain decoding and
+each shipped drafter under fixed K = 2 and both adaptive policies; int4 and fp32, and the
+GGUF on llama.cpp's kernels where ``spectune[llamacpp]`` is installed; T = 0 and 0.7; both
+cores) and then rewrites the README between ``BEGIN`` and ``END``: the machine and
+command, one row per system with tokens/s and the speedup over plain decoding of the same
+runtime in each column, and how many greedy outputs equal plain decoding's. The plot is
+the same speedups as a heatmap, ``speedup.png`` beside ``results.json``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from spectune.bench.plots import speedup_heatmap
+from spectune.errors import InvalidParameterError
+from spectune.models.llamacpp import llama_cpp_available
+
+__all__ = [
+    "BEGIN",
+    "END",
+    "preset",
+    "readme_block",
+    "results_block",
+    "rewrite_readme",
+    "write_readme_results",
+]
+
+BEGIN = "<!-- results: make results (spectune bench --preset readme) rewrites this block -->"
+END = "<!-- end of results -->"
+PLOT = "speedup.png"
+RUNTIME_ORDER = ("int4", "fp32", "bf16", "int8", "llamacpp")
+
+
+def preset() -> dict[str, Any]:
+    """The readme preset's options (``argparse`` destinations of ``spectune bench``); the
+    llama.cpp runtime only where its optional extra is installed."""
+    dtypes = ["int4", "fp32"]
+    if llama_cpp_available():
+        dtypes.append("llamacpp")
+    return {
+        "target": "default",
+        "draft": ["suffix", "smollm2-draft", "hybrid"],
+        "dtype": dtypes,
+        "temperatures": "0,0.7",
+        "k": "2",
+        "policies": "cost,threshold",
+        "systems": "plain,spectune,llamacpp",
+        "split": "test",
+        "limit_per_category": 2,
+        "max_tokens": 48,
+        "repeats": 1,
+        "threads": 2,
+        "seed": 0,
+        "out": Path("docs/results/readme"),
+        "readme": Path("README.md"),
+    }
+
+
+def _columns(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
+    keys = {(r["dtype"], r["temperature"]) for r in rows}
+    rank = {name: i for i, name in enumerate(RUNTIME_ORDER)}
+    return sorted(keys, key=lambda k: (rank.get(k[0], len(rank)), k[0], k[1]))
+
+
+def _label(system: str) -> str:
+    return system.removeprefix("spectune ")
+
+
+def _systems(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Plain decoding first, then the order the benchmark ran them."""
+    seen = list(dict.fromkeys(r["system"] for r in rows))
+    return sorted(seen, key=lambda s: (s != "spectune plain", "llama.cpp" in s, seen.index(s)))
+
+
+def _column_name(dtype: str, temperature: float) -> str:
+    runtime = "llama.cpp" if dtype == "llamacpp" else dtype
+    return f"{runtime}, T = {temperature:g}"
+
+
+def readme_block(data: Mapping[str, Any], plot: str, today: datetime.date) -> str:
+    """The README's results block (between ``BEGIN`` and ``END``) for one run's
+    ``results.json``; ``plot``: the heatmap's path relative to the README."""
+    rows = [r for r in data["rows"] if r["category"] == "all"]
+    if not rows:
+        raise InvalidParameterError("the results hold no rows to tabulate")
+    columns = _columns(rows)
+    cells = {(r["system"], r["dtype"], r["temperature"]): r for r in rows}
+    env = data["environment"]
+    schedule = data["schedule"]
+    lines = [
+        BEGIN,
+        f"Last run {today.isoformat()} on {env['machine']}: {schedule['prompts']} test "
+        f"prompts, {data['config']['max_tokens']} new tokens at most, tokens/s end to end "
+        "(prefill included) and the speedup over plain decoding on the same runtime;",
+        "`= greedy`: greedy (T = 0) outputs equal to plain decoding's, token for token.",
+        "",
+        f"Command: `{data['command']}`",
+        "",
+        "| system | " + " | ".join(_column_name(*c) for c in columns) + " | = greedy |",
+        "|---|" + "---:|" * len(columns) + "---:|",
+    ]
+    for system in _systems(rows):
+        line = [_label(system)]
+        equal = compared = 0
+        for dtype, temperature in columns:
+            row = cells.get((system, dtype, temperature))
+            if row is None:
+                line.append("")
+                continue
+            speedup = row["speedup_vs_plain"]
+            ratio = "" if speedup is None else f" ({speedup:.2f}x)"
+            line.append(f"{row['tokens_per_second']:.1f}{ratio}")
+            if temperature == 0:
+                equal += row["greedy_equal"]
+                compared += row["greedy_compared"]
+        line.append(f"{equal}/{compared}" if compared else "")
+        lines.append("| " + " | ".join(line) + " |")
+    lines += ["", f"![Speedup over plain decoding per system and runtime]({plot})", END]
+    return "\n".join(lines)
+
+
+def results_block(readme: Path) -> tuple[str, int, int]:
+    """The README's text and where its results block starts and ends (past ``END``);
+    ``InvalidParameterError`` for a file that cannot be read or has no block."""
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidParameterError(f"cannot read {readme}: {exc}") from exc
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise InvalidParameterError(
+            f"{readme} has no results block to rewrite (a line '{BEGIN}' and, after it, '{END}')"
+        )
+    return text, start, end + len(END)
+
+
+def rewrite_readme(readme: Path, block: str) -> None:
+    """Replace the README's results block (``BEGIN`` .. ``END``) with ``block``."""
+    text, start, end = results_block(readme)
+    readme.write_text(text[:start] + block + text[end:], encoding="utf-8")
+
+
+def _plot(data: Mapping[str, Any], path: Path) -> None:
+    rows = [r for r in data["rows"] if r["category"] == "all"]
+    columns = _columns(rows)
+    cells = {(r["system"], r["dtype"], r["temperature"]): r for r in rows}
+    systems = [s for s in _systems(rows) if s not in ("spectune plain", "llama.cpp plain")]
+    values = [
+        [cells.get((s, d, t), {}).get("speedup_vs_plain") for d, t in columns] for s in systems
+    ]
+    names = [_column_name(d, t).replace(", ", "\n") for d, t in columns]
+    title = f"Speedup over plain decoding ({data['environment']['machine']})"
+    speedup_heatmap(values, [_label(s) for s in systems], names, path, title)
+
+
+def write_readme_results(
+    data: Mapping[str, Any], out: Path, readme: Path, today: datetime.date | None = None
+) -> Path:
+    """Write the heatmap into ``out`` and the results block into ``readme``; the plot's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    plot = out / PLOT
+    _plot(data, plot)
+    shown = Path(os.path.relpath(plot.resolve(), readme.resolve().parent)).as_posix()
+    rewrite_readme(readme, readme_block(data, shown, today or datetime.date.today()))
+    return plot
