@@ -117,7 +117,8 @@ def test_every_report_publishes_the_same_figures() -> None:
         assembler.push(record)
     counts = SpecCounts.of(records)
     cli = summary(gen, watch)
-    usage = usage_of(Prepared((1, 2), SamplingParams(), None, False, False), assembler)
+    prepared = Prepared((1, 2), SamplingParams(), None, False, False)
+    usage = usage_of(prepared, assembler, speculation=True)
     snap = watch.snapshot()
     # Positions: 4 + 3 (the tree's depth) + 0 + 4; draft tokens: 4 + 7 nodes + 0 + 4.
     assert (counts.positions, counts.num_draft_tokens, counts.accepted) == (11, 15, 9)
@@ -138,6 +139,10 @@ def test_every_report_publishes_the_same_figures() -> None:
     assert value("spectune_spec_decode_num_accepted_tokens_total") == 9
     assert value("spectune_spec_decode_num_emitted_tokens_total") == 10
     assert value("spectune_spec_decode_acceptance_rate") == pytest.approx(9 / 11)
+    # Without spec usage (serve --no-spec-usage) the block is OpenAI's alone, the counts intact.
+    assert usage_of(prepared, assembler, speculation=False) == {
+        key: usage[key] for key in ("prompt_tokens", "completion_tokens", "total_tokens")
+    }
     assert set(usage) == {
         "prompt_tokens",
         "completion_tokens",
