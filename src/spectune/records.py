@@ -238,6 +238,37 @@ class SpecCounts(DerivedRates):
             self.tested_at[j] += tested
             self.accepted_at[j] += kept
 
+    def since(self, earlier: SpecCounts) -> SpecCounts | None:
+        """These counts less ``earlier`` ones, taken from the same counters before (a
+        window between two scrapes); None where any counter went down (a restart)."""
+        width = max(len(self.tested_at), len(earlier.tested_at))
+
+        def pad(values: list[int]) -> list[int]:
+            return values + [0] * (width - len(values))
+
+        tested = [a - b for a, b in zip(pad(self.tested_at), pad(earlier.tested_at), strict=True)]
+        kept = [a - b for a, b in zip(pad(self.accepted_at), pad(earlier.accepted_at), strict=True)]
+        window = SpecCounts(
+            steps=self.steps - earlier.steps,
+            num_draft_tokens=self.num_draft_tokens - earlier.num_draft_tokens,
+            positions=self.positions - earlier.positions,
+            accepted=self.accepted - earlier.accepted,
+            emitted=self.emitted - earlier.emitted,
+            rejections=self.rejections - earlier.rejections,
+            fallback_steps=self.fallback_steps - earlier.fallback_steps,
+            draft_time=self.draft_time - earlier.draft_time,
+            target_time=self.target_time - earlier.target_time,
+            step_time=self.step_time - earlier.step_time,
+            tested_at=tested,
+            accepted_at=kept,
+        )
+        counts = (window.steps, window.num_draft_tokens, window.positions, window.accepted)
+        rest = (window.emitted, window.rejections, window.fallback_steps, *tested, *kept)
+        times = (window.draft_time, window.target_time, window.step_time)
+        if min((*counts, *rest), default=0) < 0 or min(times) < -1e-9:
+            return None
+        return window
+
     def drop_emitted(self, tokens: int) -> None:
         """Take back ``tokens`` emitted tokens that a later cut removed from the output (a
         stop string found in the text after the step that completed it)."""

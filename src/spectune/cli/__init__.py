@@ -26,6 +26,7 @@ from spectune.cli import (
     serve,
     suffix,
     tune,
+    watch,
 )
 from spectune.cli.common import print_warning
 from spectune.errors import SpectuneError, SpectuneWarning
@@ -44,6 +45,7 @@ COMMANDS = (
     serve,
     export,
     suffix,
+    watch,
 )
 
 

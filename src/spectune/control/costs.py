@@ -33,6 +33,7 @@ __all__ = [
     "measure_step_time",
     "optimal_k",
     "predicted_speedup",
+    "speedup_of_tokens",
 ]
 
 
@@ -126,10 +127,25 @@ def predicted_speedup(
     """S(k) relative to plain decoding; S(0) = 1. ``verify_cost``: the target's cost of
     verifying k tokens in units of a one-token step (default ``curve.relative(k)``, one
     pass; chunked verification passes its expected cost)."""
+    return speedup_of_tokens(
+        expected_tokens_per_step(alpha, k), draft_cost, curve, k, verify_cost=verify_cost
+    )
+
+
+def speedup_of_tokens(
+    tokens_per_step: float,
+    draft_cost: float,
+    curve: CostCurve,
+    k: int,
+    *,
+    verify_cost: float | None = None,
+) -> float:
+    """S(k) for a step that yields ``tokens_per_step`` (measured, e.g. from per-position
+    acceptance, instead of the i.i.d. formula): tokens / (k c + v(k)); S(0) = 1."""
     if k == 0:
         return 1.0
     verify = curve.relative(k) if verify_cost is None else verify_cost
-    return expected_tokens_per_step(alpha, k) / (k * draft_cost + verify)
+    return tokens_per_step / (k * draft_cost + verify)
 
 
 def ewma(old: float | None, new: float, weight: float) -> float:

@@ -1,0 +1,176 @@
+"""``spectune watch URL``: poll a running engine's /metrics, judge its speculation, advise.
+
+The engine (vLLM, SGLang, llama.cpp's llama-server or ``spectune serve``) is detected from
+its metric names unless ``--engine`` says it. Each poll prints the window since the last
+one (``spectune.monitor.watch``) as a live table; ``--once --json`` prints one JSON object
+(the counts since the engine started). A poll that fails (no server, not Prometheus text,
+no speculation metrics) is one line, and watching goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from spectune.errors import InvalidParameterError
+from spectune.monitor.remote import READERS, EndpointError, EngineReading, read_exposition
+from spectune.monitor.watch import CostAssumptions, Watcher, WatchReport
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "watch",
+        help="watch a vLLM, SGLang, llama.cpp or spectune server's speculation; advise K",
+        description="Polls URL (its /metrics unless a path is given), derives windowed "
+        "acceptance overall and per position, judges it against the health targets and "
+        "prints the change to make in the engine's own flags.",
+    )
+    parser.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    parser.add_argument(
+        "--engine", choices=tuple(READERS), default=None, help="(default: from the metric names)"
+    )
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between polls")
+    parser.add_argument("--once", action="store_true", help="poll once and exit")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per poll")
+    parser.add_argument("--api-key", default=None, help="bearer key for a keyed /metrics")
+    parser.add_argument(
+        "-k", "--k", type=int, default=None, help="the deployment's K, where the engine omits it"
+    )
+    parser.add_argument("--max-k", type=int, default=8, help="largest K the advice considers")
+    parser.add_argument(
+        "--draft-cost",
+        type=float,
+        default=CostAssumptions.draft_cost,
+        help="one draft token's time over one target step's",
+    )
+    parser.add_argument(
+        "--verify-slope",
+        type=float,
+        default=CostAssumptions.verify_slope,
+        help="extra target time per verified token, over one target step's",
+    )
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per poll")
+    parser.set_defaults(run=run)
+
+
+def metrics_url(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise InvalidParameterError(f"{url} is not an http(s) URL")
+    return url if "/" in rest.rstrip("/") else url.rstrip("/") + "/metrics"
+
+
+def scrape(url: str, engine: str | None, api_key: str | None, timeout: float) -> EngineReading:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(url, headers=headers, timeout=timeout)
+    except httpx.ConnectError:
+        raise EndpointError(f"cannot connect to {url}") from None
+    except httpx.HTTPError as exc:
+        raise EndpointError(f"{url}: {type(exc).__name__} {exc}".strip()) from None
+    if response.status_code == 401:
+        raise EndpointError(f"{url} needs an API key (--api-key)")
+    if response.status_code != 200:
+        raise EndpointError(f"{url} answered HTTP {response.status_code}")
+    try:
+        return read_exposition(response.text, engine)
+    except EndpointError as exc:
+        raise EndpointError(f"{url}: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval <= 0 or args.timeout <= 0:
+        raise InvalidParameterError("--interval and --timeout must be > 0")
+    if args.max_k < 1 or (args.k is not None and args.k < 0):
+        raise InvalidParameterError("--max-k must be >= 1 and -k >= 0")
+    if args.draft_cost < 0 or args.verify_slope < 0:
+        raise InvalidParameterError("--draft-cost and --verify-slope must be >= 0")
+    url = metrics_url(args.url)
+    watcher = Watcher(CostAssumptions(args.draft_cost, args.verify_slope), args.k, args.max_k)
+    if args.once:
+        report = watcher.observe(scrape(url, args.engine, args.api_key, args.timeout))
+        print(json.dumps(report.as_json(), indent=2) if args.json else _text(report))
+        return 0
+    if args.json:
+        while True:
+            try:
+                report = watcher.observe(scrape(url, args.engine, args.api_key, args.timeout))
+                print(json.dumps(report.as_json()), flush=True)
+            except EndpointError as exc:
+                print(json.dumps({"error": str(exc)}), flush=True)
+            time.sleep(args.interval)
+    return _live(watcher, url, args)
+
+
+def _live(watcher: Watcher, url: str, args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    with Live(console=console, auto_refresh=False) as live:
+        while True:
+            try:
+                report = watcher.observe(scrape(url, args.engine, args.api_key, args.timeout))
+                live.update(_table(report, url), refresh=True)
+            except EndpointError as exc:
+                live.console.print(f"spectune: {exc}; still watching", markup=False)
+            time.sleep(args.interval)
+
+
+def _rows(report: WatchReport) -> list[tuple[str, str, str]]:
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.1%}"
+
+    c = report.counts
+    rows = [("window", report.window, "")]
+    if c is not None:
+        rows.append(
+            ("drafts / draft tokens / accepted", f"{c.steps} / {c.positions} / {c.accepted}", "")
+        )
+    rows.append(
+        (
+            "mean accepted length",
+            "n/a" if report.accepted_length is None else f"{report.accepted_length:.2f}",
+            "",
+        )
+    )
+    for check in report.checks:
+        rows.append((check.target.label, check.shown(), f"{check.status} ({check.target.band()})"))
+    if report.kept_by_position:
+        rows.append(
+            ("acceptance by position", " ".join(pct(x) for x in report.kept_by_position), "")
+        )
+    if report.advice is not None:
+        a = report.advice
+        rows.append(
+            ("advice", f"{a.action} K -> {a.k}" if a.k else "disable speculation", a.reason)
+        )
+        if a.change and report.breach:
+            rows.append(("change", a.change, ""))
+    for note in report.notes:
+        rows.append(("note", note, ""))
+    return rows
+
+
+def _text(report: WatchReport) -> str:
+    return "\n".join(
+        f"{name}: {value}" + (f"  [{extra}]" if extra else "")
+        for name, value, extra in _rows(report)
+    )
+
+
+def _table(report: WatchReport, url: str) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"{report.engine} at {url}")
+    for column in ("", "value", "verdict"):
+        table.add_column(column)
+    for row in _rows(report):
+        table.add_row(*row)
+    return table
