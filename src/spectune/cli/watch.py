@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from spectune.errors import InvalidParameterError
@@ -54,6 +55,9 @@ def register(subparsers: Any) -> None:
         help="extra target time per verified token, over one target step's",
     )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per poll")
+    parser.add_argument(
+        "--polls", type=int, default=0, help="polls before exiting (0: until interrupted)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -87,6 +91,8 @@ def scrape(url: str, engine: str | None, api_key: str | None, timeout: float) ->
 def run(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.timeout <= 0:
         raise InvalidParameterError("--interval and --timeout must be > 0")
+    if args.polls < 0:
+        raise InvalidParameterError("--polls must be >= 0")
     if args.max_k < 1 or (args.k is not None and args.k < 0):
         raise InvalidParameterError("--max-k must be >= 1 and -k >= 0")
     if args.draft_cost < 0 or args.verify_slope < 0:
@@ -98,14 +104,24 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report.as_json(), indent=2) if args.json else _text(report))
         return 0
     if args.json:
-        while True:
+        for _ in _polls(args):
             try:
                 report = watcher.observe(scrape(url, args.engine, args.api_key, args.timeout))
                 print(json.dumps(report.as_json()), flush=True)
             except EndpointError as exc:
                 print(json.dumps({"error": str(exc)}), flush=True)
-            time.sleep(args.interval)
+        return 0
     return _live(watcher, url, args)
+
+
+def _polls(args: argparse.Namespace) -> Iterator[int]:
+    """Poll numbers, with ``--interval`` between them, ``--polls`` of them (0: forever)."""
+    n = 0
+    while args.polls == 0 or n < args.polls:
+        if n:
+            time.sleep(args.interval)
+        yield n
+        n += 1
 
 
 def _live(watcher: Watcher, url: str, args: argparse.Namespace) -> int:
@@ -114,13 +130,13 @@ def _live(watcher: Watcher, url: str, args: argparse.Namespace) -> int:
 
     console = Console()
     with Live(console=console, auto_refresh=False) as live:
-        while True:
+        for _ in _polls(args):
             try:
                 report = watcher.observe(scrape(url, args.engine, args.api_key, args.timeout))
                 live.update(_table(report, url), refresh=True)
             except EndpointError as exc:
-                live.console.print(f"spectune: {exc}; still watching", markup=False)
-            time.sleep(args.interval)
+                live.console.print(f"spectune: {exc}; still watching", markup=False, soft_wrap=True)
+    return 0
 
 
 def _rows(report: WatchReport) -> list[tuple[str, str, str]]:

@@ -8,11 +8,15 @@
 - ``trace``       the JSON-lines step trace and its reader.
 - ``health``      the targets and the ok/low/high verdicts.
 - ``report``      a trace replayed into series, PNG charts and a health summary.
+- ``remote``      readers of a running engine's /metrics (vLLM, SGLang, llama.cpp,
+                  spectune) as ``SpecCounts``.
+- ``watch``       a deployment judged between scrapes, and the K advice for it.
 """
 
 from spectune.monitor.health import TARGETS, HealthCheck, health
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.prometheus import PrometheusExporter
+from spectune.monitor.remote import EndpointError, EngineReading, read_exposition
 from spectune.monitor.report import PLOTS, TraceReport, analyse_trace, plot_report
 from spectune.monitor.stats import (
     FALLBACK_KINDS,
@@ -29,11 +33,16 @@ from spectune.monitor.trace import (
     TraceWriter,
     read_trace,
 )
+from spectune.monitor.watch import Advice, CostAssumptions, Watcher, WatchReport
 
 __all__ = [
     "FALLBACK_KINDS",
     "PLOTS",
     "TARGETS",
+    "Advice",
+    "CostAssumptions",
+    "EndpointError",
+    "EngineReading",
     "HealthCheck",
     "Monitor",
     "PrometheusExporter",
@@ -47,9 +56,12 @@ __all__ = [
     "TraceRequest",
     "TraceStep",
     "TraceWriter",
+    "WatchReport",
+    "Watcher",
     "analyse_trace",
     "fallback_kind",
     "health",
     "plot_report",
+    "read_exposition",
     "read_trace",
 ]

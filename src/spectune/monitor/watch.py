@@ -16,6 +16,7 @@ draft cost and verification curve are not measured here: they are ``CostAssumpti
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,12 @@ from spectune.records import SpecCounts
 __all__ = ["DISABLE_BELOW", "Advice", "CostAssumptions", "WatchReport", "Watcher", "advise"]
 
 DISABLE_BELOW = 0.50  # acceptance under which speculation costs more than it saves
+K_FLAGS = (  # the flags of export's plans that carry K (SGLang: a chain of K steps)
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+    "--spec-draft-n-max",
+)
 
 
 @dataclass(frozen=True)
@@ -134,8 +141,13 @@ def _change(engine: str, k: int) -> str:
         }[engine]
     if engine == "spectune":
         return f"spectune serve --policy fixed -k {k}"
+    # The K-bearing flags of export's plan; the method and draft model stay the user's.
     plan = export(Tuning(draft="DRAFT_MODEL", k=k, target="TARGET_MODEL"), engine)
-    return shlex.join(plan.args)
+    if engine == "vllm":
+        size = {"num_speculative_tokens": plan.speculative_config["num_speculative_tokens"]}
+        return shlex.join(["--speculative-config", json.dumps(size, separators=(",", ":"))])
+    pairs = zip(plan.args[::2], plan.args[1::2], strict=True)
+    return shlex.join([part for flag, value in pairs if flag in K_FLAGS for part in (flag, value)])
 
 
 @dataclass(frozen=True)
