@@ -244,3 +244,19 @@ def test_live_table_prints_the_advice_and_errors_as_lines(
     out = capsys.readouterr().out
     assert "still watching" in out and "acceptance rate" in out
     assert "disable speculation" in out and "serve without --speculative-config" in out
+
+
+def test_spectunes_own_draft_time_sets_the_draft_cost() -> None:
+    c = counts(50, [40, 30])  # 100 draft tokens over 50 steps
+    c.draft_time, c.target_time, c.step_time = 1.0, 10.0, 11.0
+    reading = read_exposition(fixture("vllm"))
+    timed = type(reading)("spectune", c, frozenset({"draft_time", "per_position"}), k=2)
+    report = Watcher(CostAssumptions(draft_cost=0.9)).observe(timed)
+    assert report.advice is not None
+    # (1.0 s / 100 draft tokens) / (10.0 s / 50 steps) = 0.05 of a target step per token.
+    assert report.advice.costs.draft_cost == pytest.approx(0.05)
+    assert report.checks[1].value == pytest.approx(1.0 / 11.0)  # draft share, measured
+    untimed = type(reading)("vllm", c, frozenset({"per_position"}), k=2)
+    report = Watcher(CostAssumptions(draft_cost=0.9)).observe(untimed)
+    assert report.advice is not None and report.advice.costs.draft_cost == 0.9
+    assert report.checks[1].status == "n/a"  # vLLM: no draft time

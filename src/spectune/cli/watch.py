@@ -147,7 +147,7 @@ def _rows(report: WatchReport) -> list[tuple[str, str, str]]:
     rows = [("window", report.window, "")]
     if c is not None:
         rows.append(
-            ("drafts / draft tokens / accepted", f"{c.steps} / {c.positions} / {c.accepted}", "")
+            ("steps / draft tokens / accepted", f"{c.steps} / {c.positions} / {c.accepted}", "")
         )
     rows.append(
         (

@@ -206,8 +206,9 @@ def read_spectune(ex: Exposition) -> EngineReading:
         "spectune",
         counts,
         frozenset({"draft_time", "fallback", "per_position"}),
-        # The last step's K (0 after a plain step: then the widest draft tested).
-        k=round(k) if k is not None and not math.isnan(k) and k > 0 else (width or None),
+        # The widest draft tested: the last step's K gauge is cut short near max_tokens
+        # and 0 after a plain step.
+        k=width or (round(k) if k is not None and not math.isnan(k) and k > 0 else None),
     )
 
 

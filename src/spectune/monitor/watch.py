@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from spectune.control.costs import CostCurve, expected_tokens_per_step, speedup_of_tokens
@@ -26,7 +26,7 @@ from spectune.export import Tuning, export
 from spectune.monitor.health import HealthCheck, health
 from spectune.monitor.remote import EngineReading
 from spectune.monitor.stats import Rates
-from spectune.records import SpecCounts
+from spectune.records import SpecCounts, ratio
 
 __all__ = ["DISABLE_BELOW", "Advice", "CostAssumptions", "WatchReport", "Watcher", "advise"]
 
@@ -59,6 +59,7 @@ class Advice:
     current_speedup: float | None  # predicted at ``current_k``
     reason: str
     change: str | None  # the engine's flags for it (None: keep as is)
+    costs: CostAssumptions = CostAssumptions()  # what the prediction assumed
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +72,8 @@ class Advice:
             else round(self.current_speedup, 4),
             "reason": self.reason,
             "change": self.change,
+            "draft_cost": round(self.costs.draft_cost, 4),
+            "verify_slope": self.costs.verify_slope,
         }
 
 
@@ -117,7 +120,7 @@ def advise(
             if acceptance < DISABLE_BELOW
             else "no K beats plain decoding under these costs"
         )
-        return Advice("disable", 0, current_k, 1.0, now, why, _change(engine, 0))
+        return Advice("disable", 0, current_k, 1.0, now, why, _change(engine, 0), costs)
     if current_k is None:
         action = "set"
     elif best_k == current_k:
@@ -128,7 +131,7 @@ def advise(
     if now is not None and action != "keep":
         reason += f" (K = {current_k}: {now:.2f}x)"
     change = None if action == "keep" else _change(engine, best_k)
-    return Advice(action, best_k, current_k, best, now, reason, change)
+    return Advice(action, best_k, current_k, best, now, reason, change, costs)
 
 
 def _change(engine: str, k: int) -> str:
@@ -173,7 +176,7 @@ class WatchReport:
         return {
             "engine": self.engine,
             "window": self.window,
-            "drafts": None if c is None else c.steps,
+            "steps": None if c is None else c.steps,
             "draft_tokens": None if c is None else c.positions,
             "accepted": None if c is None else c.accepted,
             "acceptance_rate": self.acceptance,
@@ -236,9 +239,8 @@ class Watcher:
         checks = tuple(c for c in health(rates) if c.target.field != "estimated_speedup")
         advice = None
         if acceptance is not None:
-            advice = advise(
-                acceptance, kept, self._k(reading), reading.engine, self.costs, self.max_k
-            )
+            costs = self._costs(reading, counts)
+            advice = advise(acceptance, kept, self._k(reading), reading.engine, costs, self.max_k)
         shown = tuple(
             kept_n / tested
             for kept_n, tested in zip(
@@ -251,6 +253,17 @@ class Watcher:
         return WatchReport(
             reading.engine, window, counts, acceptance, length, shown, checks, advice, tuple(notes)
         )
+
+    def _costs(self, reading: EngineReading, counts: SpecCounts | None) -> CostAssumptions:
+        """The assumed costs, with the draft cost measured where the engine times drafts:
+        seconds per draft token over seconds per target step."""
+        if counts is None or "draft_time" not in reading.measured:
+            return self.costs
+        per_token = ratio(counts.draft_time, counts.num_draft_tokens)
+        per_step = ratio(counts.target_time, counts.steps)
+        if per_token is None or not per_step:
+            return self.costs
+        return replace(self.costs, draft_cost=per_token / per_step)
 
     def _k(self, reading: EngineReading) -> int | None:
         return reading.k if reading.k is not None else self.k
