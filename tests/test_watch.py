@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import shutil
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -260,3 +264,56 @@ def test_spectunes_own_draft_time_sets_the_draft_cost() -> None:
     report = Watcher(CostAssumptions(draft_cost=0.9)).observe(untimed)
     assert report.advice is not None and report.advice.costs.draft_cost == 0.9
     assert report.checks[1].status == "n/a"  # vLLM: no draft time
+
+
+def llama_server_binary() -> str | None:
+    return os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+
+
+@pytest.mark.skipif(
+    llama_server_binary() is None,
+    reason="no llama-server binary (set LLAMA_SERVER or put it on PATH)",
+)
+def test_watch_reads_a_real_llama_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gguf_files import Q, write_gguf
+    from spectune.models.toy import toy_config, toy_model
+
+    model = tmp_path / "toy.gguf"
+    write_gguf(
+        model,
+        toy_model(5, config=toy_config(vocab_size=96, hidden_size=64)),
+        Q.Q8_0,
+        vocabulary=True,
+    )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    binary = llama_server_binary()
+    assert binary is not None
+    server = subprocess.Popen(
+        [binary, "-m", str(model), "--metrics", "--port", str(port), "-c", "256", "-t", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):  # until it has loaded the model (a readiness wait, not a timing)
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, "llama-server exited"
+            threading.Event().wait(0.1)
+        reply = httpx.post(url + "/completion", json={"prompt": "a b", "n_predict": 4}, timeout=60)
+        timings = reply.json().get("timings", {})
+        assert main(["watch", url, "--once", "--json"]) == 0
+    finally:
+        server.terminate()
+        server.wait(30)
+    report = json.loads(capsys.readouterr().out)
+    assert report["engine"] == "llamacpp" and report["acceptance_rate"] is None
+    assert any("timings" in note for note in report["notes"])
+    assert counts_of_timings(timings).positions == timings.get("draft_n", 0)
