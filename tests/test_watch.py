@@ -19,7 +19,9 @@ import openai
 import pytest
 
 from spectune.cli import main
+from spectune.cli.watch import metrics_url
 from spectune.drafters.model import ModelDrafter
+from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.monitor.remote import EndpointError, counts_of_timings, read_exposition
 from spectune.monitor.watch import CostAssumptions, Watcher, advise, kept_by_position
@@ -53,6 +55,13 @@ def test_sglang_reader_gives_the_fixtures_gauges() -> None:
     assert reading.reported_accepted_length == pytest.approx(2.9)
     report = Watcher(k=3).observe(reading)
     assert report.window == "last batch" and report.acceptance == pytest.approx(0.65)
+    # Only the length gauge: acceptance per position tested is (length - 1) / K.
+    only_length = "\n".join(
+        line for line in fixture("sglang").splitlines() if "spec_accept_rate" not in line
+    )
+    report = Watcher(k=3).observe(read_exposition(only_length, "sglang"))
+    assert report.acceptance == pytest.approx((2.9 - 1) / 3)
+    assert Watcher().observe(read_exposition(only_length)).acceptance is None  # no K given
 
 
 def test_llamacpp_reader_says_its_metrics_hold_no_draft_counts() -> None:
@@ -68,6 +77,10 @@ def test_llamacpp_reader_says_its_metrics_hold_no_draft_counts() -> None:
 
 
 def test_a_vllm_without_speculation_and_a_wrong_engine_are_one_line() -> None:
+    assert metrics_url("http://gpu:8000/") == "http://gpu:8000/metrics"
+    assert metrics_url("http://gpu:8000/custom/path") == "http://gpu:8000/custom/path"
+    with pytest.raises(InvalidParameterError):
+        metrics_url("gpu:8000")
     plain = "\n".join(line for line in fixture("vllm").splitlines() if "spec_decode" not in line)
     with pytest.raises(EndpointError, match="speculative-config"):
         read_exposition(plain)

@@ -89,7 +89,7 @@ def kept_by_position(counts: SpecCounts, max_k: int) -> list[float] | None:
     rate = last / measured[-2] if len(measured) >= 2 and measured[-2] > 0 else measured[0]
     while len(measured) < max_k:
         measured.append(measured[-1] * min(max(rate, 0.0), 1.0))
-    return measured[:max_k] if last >= 0 else None
+    return measured[:max_k]
 
 
 def advise(
