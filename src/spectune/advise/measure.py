@@ -1,0 +1,73 @@
+"""Interleaved verification runs: each configuration against plain decoding, prompt by prompt.
+
+For every held-apart prompt, plain decoding and then each configuration run back to back, so
+slow drift of a shared machine hits every configuration alike (the benchmark's rule). A
+configuration's measured speedup is its pooled tokens/s over plain's pooled tokens/s; its
+noise is twice the standard error of the per-prompt ratios (about a 95% interval).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from spectune.drafters.base import Drafter
+from spectune.models.base import LanguageModel
+from spectune.records import SpecCounts
+from spectune.select.measure import measure_runs
+
+__all__ = ["VerifiedRun", "verify_interleaved"]
+
+
+@dataclass(frozen=True)
+class VerifiedRun:
+    label: str
+    counts: SpecCounts  # pooled over the prompts
+    plain: SpecCounts  # the plain runs beside it, pooled
+    ratios: tuple[float, ...]  # per prompt: this run's tokens/s over plain's
+
+    @property
+    def speedup(self) -> float:
+        mine, plain = self.counts.tokens_per_second, self.plain.tokens_per_second
+        return 0.0 if not mine or not plain else mine / plain
+
+    @property
+    def noise(self) -> float:
+        """Twice the standard error of the per-prompt ratios (0 with fewer than 2)."""
+        if len(self.ratios) < 2:
+            return 0.0
+        return 2.0 * statistics.stdev(self.ratios) / math.sqrt(len(self.ratios))
+
+
+def verify_interleaved(
+    target: LanguageModel,
+    configs: Sequence[tuple[str, Drafter, int]],  # (label, drafter, K)
+    prompts: Sequence[list[int]],
+    max_tokens: int,
+    *,
+    on_prompt: Callable[[int, int], None] | None = None,
+) -> list[VerifiedRun]:
+    """Run plain decoding and every configuration on each prompt in turn (greedy)."""
+    if prompts:  # warm-up at every configuration, not counted
+        measure_runs(target, None, prompts[:1], 0, 4)
+        for _, drafter, k in configs:
+            measure_runs(target, drafter, prompts[:1], k, 4)
+    counts = [SpecCounts() for _ in configs]
+    plain_total = SpecCounts()
+    ratios: list[list[float]] = [[] for _ in configs]
+    for i, prompt in enumerate(prompts):
+        plain = measure_runs(target, None, [prompt], 0, max_tokens).counts
+        plain_total.merge(plain)
+        for j, (_, drafter, k) in enumerate(configs):
+            run = measure_runs(target, drafter, [prompt], k, max_tokens).counts
+            counts[j].merge(run)
+            if run.tokens_per_second and plain.tokens_per_second:
+                ratios[j].append(run.tokens_per_second / plain.tokens_per_second)
+        if on_prompt is not None:
+            on_prompt(i + 1, len(prompts))
+    return [
+        VerifiedRun(label, counts[j], plain_total, tuple(ratios[j]))
+        for j, (label, _, _) in enumerate(configs)
+    ]
