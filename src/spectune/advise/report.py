@@ -86,7 +86,7 @@ def plot(advice: Advice, path: Path) -> None:
     ax.set_xticks(list(positions), labels)
     ax.set_ylabel("speedup over plain")
     ax.set_title(f"{advice.target}: {advice.verdict.summary}", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

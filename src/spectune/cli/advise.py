@@ -23,7 +23,7 @@ from spectune.control.config import PolicySpec
 from spectune.control.crossover import curve_for_this_machine
 from spectune.control.tune import policy_toml
 from spectune.drafters.pairing import load_target
-from spectune.errors import InvalidParameterError
+from spectune.errors import InvalidParameterError, PromptError
 from spectune.export import Tuning, export
 from spectune.prompts import load_prompts
 
@@ -168,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
         split=None if args.split == "all" else args.split,
         limit_per_category=per_category,
     )
+    if not chosen:
+        raise PromptError(f"no prompts to measure on in {args.prompts or 'the built-in set'}")
     target = load_target(
         args.target,
         dtype=settings.precision.dtype,
