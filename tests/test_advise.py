@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from spectune.advise.advisor import AdviseSettings, advise, split_prompts
-from spectune.advise.measure import VerifiedRun, verify_interleaved
-from spectune.advise.predict import predict_config
+from spectune.advise.measure import VerifiedRun, measure_survival, verify_interleaved
+from spectune.advise.predict import predict_config, speedup_from_survival
 from spectune.advise.schema import SCHEMA_VERSION, Advice
 from spectune.advise.verdict import DO_NOT_SPECULATE, checklist, decide
 from spectune.cli import main
@@ -64,6 +64,21 @@ def test_predicted_speedup_with_partial_coverage() -> None:
     assert p.predicted_speedup == pytest.approx(2.44 / 1.2)
     assert p.label == "d K=2" and p.verify_cost == 1.0
     assert set(p.break_even) == {1, 2}
+
+
+def test_survival_curve_prediction() -> None:
+    # i.i.d. survival alpha^(j+1) gives the seed's formula.
+    iid = [0.8 ** (j + 1) for j in range(3)]
+    assert speedup_from_survival(iid, 1.0, 0.1, FLAT, 3) == pytest.approx(
+        predicted_speedup(0.8, 0.1, FLAT, 3)
+    )
+    # Measured: the first position kept 60%, both 30%: (1 + 0.6 + 0.3) / (2 * 0.1 + 1).
+    assert speedup_from_survival([0.6, 0.3], 1.0, 0.1, FLAT, 2) == pytest.approx(1.9 / 1.2)
+    # Past the curve: the last conditional rate (0.5) again: 1 + 0.6 + 0.3 + 0.15.
+    assert speedup_from_survival([0.6, 0.3], 1.0, 0.0, FLAT, 3) == pytest.approx(2.05)
+    p = predict_config("d", 0.8, 1.0, 0.1, FLAT, 2, survival=[0.6, 0.3], survival_coverage=1.0)
+    assert p.predicted_speedup == pytest.approx(1.9 / 1.2)
+    assert p.iid_speedup == pytest.approx(2.44 / 1.2)
 
 
 # --- verdict ---------------------------------------------------------------------------
@@ -129,6 +144,8 @@ def test_scripted_drafters_with_known_acceptance(toy_target: LlamaLM) -> None:
     )
     assert runs[0].counts.acceptance_rate == 1.0
     assert runs[1].counts.acceptance_rate == 0.0
+    survival = measure_survival(toy_target, oracle, prompts, 3, 12)
+    assert survival.kept[:2] == (1.0, 1.0) and survival.coverage == 1.0
     assert len(runs[1].ratios) == 3
     # The wrong drafter keeps nothing and runs the target k times per draft: the model says
     # it cannot pay, and the measurement agrees.

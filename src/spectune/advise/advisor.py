@@ -5,11 +5,13 @@ Steps:
 2. On the fitting half, ``spectune.select`` checks each candidate (compatibility, size
    ratio, family), measures its acceptance per category at each temperature, its draft cost
    c and the machine's verification curve v(K).
-3. Predict every (drafter, K) configuration's speedup and break-even acceptances
+3. A short probe run of each drafter on the fitting half measures per-position acceptance
+   (the survival curve of its draft positions).
+4. Predict every (drafter, K) configuration's speedup and break-even acceptances
    (``spectune.advise.predict``).
-4. Verify the top configurations on the held-apart half: interleaved runs against plain
+5. Verify the top configurations on the held-apart half: interleaved runs against plain
    decoding (``spectune.advise.measure``), predicted vs measured.
-5. The verdict (``spectune.advise.verdict``) and the health checklist on the winner (or the
+6. The verdict (``spectune.advise.verdict``) and the health checklist on the winner (or the
    best measured configuration when nothing wins).
 """
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spectune.advise.measure import VerifiedRun, verify_interleaved
+from spectune.advise.measure import Survival, measure_survival, verify_interleaved
 from spectune.advise.predict import ConfigPrediction, predict_config
 from spectune.advise.schema import Advice, CandidateCheck, ConfigResult
 from spectune.advise.verdict import CheckRow, checklist, decide
@@ -77,15 +79,21 @@ def split_prompts(prompts: Sequence[PromptRow]) -> tuple[list[PromptRow], list[P
     return fit, held
 
 
+PROBE_K = 4  # the probe run's K: survival past it is extrapolated (predict.py)
+
+
 def _configs(
-    result: CandidateResult, curve: CostCurve, decision: float, max_k: int
+    result: CandidateResult,
+    curve: CostCurve,
+    decision: float,
+    max_k: int,
+    survival: Survival | None,
 ) -> list[ConfigPrediction]:
-    """The candidate's two best predicted K, at the decision temperature's acceptance."""
+    """The candidate's two best predicted K, at the decision temperature's acceptance and,
+    where a probe run measured it, the survival curve."""
     estimate = next((a for a in result.alpha if a.temperature == decision), result.alpha[0])
     assert result.draft_cost is not None  # compatible candidates are measured
-    curve_k = result.predicted_curve
-    ranked = sorted(curve_k, key=lambda k: curve_k[k], reverse=True)
-    return [
+    every = [
         predict_config(
             result.spec,
             estimate.overall,
@@ -94,9 +102,12 @@ def _configs(
             curve,
             k,
             max_k=max_k,
+            survival=() if survival is None else survival.kept,
+            survival_coverage=None if survival is None else survival.coverage,
         )
-        for k in ranked[:2]
+        for k in range(1, max_k + 1)
     ]
+    return sorted(every, key=lambda p: p.predicted_speedup, reverse=True)[:2]
 
 
 def _chosen(predictions: Sequence[ConfigPrediction], top: int) -> list[ConfigPrediction]:
@@ -113,12 +124,8 @@ def _chosen(predictions: Sequence[ConfigPrediction], top: int) -> list[ConfigPre
     return (firsts + rest)[:top]
 
 
-def _check(result: CandidateResult, runs: Sequence[VerifiedRun], decision: float) -> CandidateCheck:
-    live = next((r for r in runs if r.label.startswith(f"{result.spec} K=")), None)
-    positions: tuple[float, ...] = ()
-    if live is not None:
-        tested, kept = live.counts.tested_at, live.counts.accepted_at
-        positions = tuple(kept[j] / tested[j] for j in range(len(tested)) if tested[j])
+def _check(result: CandidateResult, survival: Survival | None, decision: float) -> CandidateCheck:
+    positions = () if survival is None else survival.conditional
     return CandidateCheck(
         spec=result.spec,
         kind=result.kind,
@@ -171,34 +178,43 @@ def advise(
     )
     measured = select(target, target_name, specs, fit, select_settings, on_progress=on_progress)
     curve = measured.verify_curve
-    # 3. Predict.
-    predictions = [
-        p
-        for result in measured.candidates
-        if result.compatible
-        for p in _configs(result, curve, decision, settings.max_k)
-    ]
+    compatible = [r for r in measured.candidates if r.compatible]
     for result in measured.candidates:
         if not result.compatible:
             notes.append(f"{result.spec} left out: {'; '.join(result.problems)}")
-    if not predictions:
+    if not compatible:
         problems = "; ".join(f"{r.spec}: {', '.join(r.problems)}" for r in measured.candidates)
         raise IncompatibleModelsError(f"no candidate draft can pair with the target ({problems})")
-    # 4. Verify the top configurations against plain decoding, interleaved.
-    chosen = _chosen(predictions, settings.top)
+    # 3. Per-position acceptance: a short probe run of each drafter on the fitting half.
     drafters: dict[str, Drafter] = {}
-    for p in chosen:
-        if p.drafter not in drafters:
-            candidate = resolve_candidate(
-                p.drafter,
-                target,
-                trust_draft_vocab=settings.trust_draft_vocab,
-                precision=settings.precision,
-                device=settings.device,
-                runtime=settings.runtime,
-            )
-            assert candidate.drafter is not None  # it was compatible a moment ago
-            drafters[p.drafter] = candidate.drafter
+    survivals: dict[str, Survival] = {}
+    probe_k = min(PROBE_K, settings.max_k)
+    for i, result in enumerate(compatible):
+        if on_progress is not None:
+            on_progress("per-position acceptance", i, len(compatible))
+        candidate = resolve_candidate(
+            result.spec,
+            target,
+            trust_draft_vocab=settings.trust_draft_vocab,
+            precision=settings.precision,
+            device=settings.device,
+            runtime=settings.runtime,
+        )
+        assert candidate.drafter is not None  # it was compatible a moment ago
+        drafters[result.spec] = candidate.drafter
+        survivals[result.spec] = measure_survival(
+            target.model, candidate.drafter, [row[2] for row in fit], probe_k, settings.max_tokens
+        )
+    if on_progress is not None:
+        on_progress("per-position acceptance", len(compatible), len(compatible))
+    # 4. Predict.
+    predictions = [
+        p
+        for result in compatible
+        for p in _configs(result, curve, decision, settings.max_k, survivals.get(result.spec))
+    ]
+    # 5. Verify the top configurations against plain decoding, interleaved.
+    chosen = _chosen(predictions, settings.top)
 
     def prompt_done(done: int, total: int) -> None:
         if on_progress is not None:
@@ -217,7 +233,7 @@ def advise(
         ConfigResult(p, run_of.get(p.label))
         for p in sorted(predictions, key=lambda p: p.predicted_speedup, reverse=True)
     )
-    # 5. Judge.
+    # 6. Judge.
     verdict = decide(predictions, runs)
     rows: list[CheckRow] = []
     if runs:
@@ -238,7 +254,7 @@ def advise(
             "max_k": settings.max_k,
             "precision": settings.precision.name,
         },
-        candidates=tuple(_check(r, runs, decision) for r in measured.candidates),
+        candidates=tuple(_check(r, survivals.get(r.spec), decision) for r in measured.candidates),
         configurations=results,
         verdict=verdict,
         checklist=tuple(rows),

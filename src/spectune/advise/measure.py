@@ -18,7 +18,37 @@ from spectune.models.base import LanguageModel
 from spectune.records import SpecCounts
 from spectune.select.measure import measure_runs
 
-__all__ = ["VerifiedRun", "verify_interleaved"]
+__all__ = ["Survival", "VerifiedRun", "measure_survival", "verify_interleaved"]
+
+
+@dataclass(frozen=True)
+class Survival:
+    """Per-position acceptance from a probe run at one K (greedy)."""
+
+    k: int
+    kept: tuple[float, ...]  # [j]: drafting steps that kept positions 1..j+1 / drafting steps
+    coverage: float  # drafting steps / all steps
+
+    @property
+    def conditional(self) -> tuple[float, ...]:
+        """[j]: position j+1 kept, given positions 1..j were."""
+        before = (1.0, *self.kept[:-1])
+        return tuple(k / b if b > 0 else 0.0 for k, b in zip(self.kept, before, strict=True))
+
+
+def measure_survival(
+    target: LanguageModel,
+    drafter: Drafter,
+    prompts: Sequence[list[int]],
+    k: int,
+    max_tokens: int,
+) -> Survival:
+    """A probe run at ``k`` over ``prompts``: the survival curve of its draft positions."""
+    counts = measure_runs(target, drafter, prompts, k, max_tokens).counts
+    drafting = counts.tested_at[0] if counts.tested_at else 0
+    accepted = counts.accepted_at + [0] * (k - len(counts.accepted_at))
+    kept = tuple(accepted[j] / drafting for j in range(k)) if drafting else ()
+    return Survival(k, kept, drafting / counts.steps if counts.steps else 0.0)
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,22 @@ the target's verification curve v(K). The arithmetic is the cost model's
 (``spectune.control.costs``): S(K) = (1 - a^(K+1)) / ((1 - a)(K c + v(K))), blended with
 plain steps where the drafter does not propose; the break-even acceptance is the alpha at
 which S(K) = 1.
+
+Acceptance is rarely i.i.d. over draft positions: a draft's later tokens read its own
+earlier ones and are kept less often. Where a short probe run measured the survival curve
+(``survival[j]``: the fraction of drafting steps that kept draft positions 1..j+1), the
+prediction uses it: tokens per step = 1 + coverage * sum(survival[:K]), which is the i.i.d.
+formula when survival[j] = alpha^(j+1).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spectune.control.costs import CostCurve, break_even_acceptance, predicted_speedup
 
-__all__ = ["ConfigPrediction", "predict_config"]
+__all__ = ["ConfigPrediction", "predict_config", "speedup_from_survival"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +34,8 @@ class ConfigPrediction:
     coverage: float  # fraction of steps with a proposal
     draft_cost: float  # c: one draft token's time over one target step's
     verify_cost: float  # v(K)
-    predicted_speedup: float
+    predicted_speedup: float  # from the survival curve where measured, else i.i.d. alpha
+    iid_speedup: float  # the i.i.d. formula at ``alpha``
     break_even: dict[int, float | None]  # K -> alpha where S(K) = 1 (None: never)
 
     @property
@@ -44,10 +52,32 @@ def predict_config(
     k: int,
     *,
     max_k: int = 8,
+    survival: Sequence[float] = (),
+    survival_coverage: float | None = None,
 ) -> ConfigPrediction:
-    """The prediction for ``drafter`` at ``k``, with break-even acceptances for 1..max_k."""
-    speedup = predicted_speedup(alpha, draft_cost, curve, k, coverage=min(1.0, coverage))
+    """The prediction for ``drafter`` at ``k``, with break-even acceptances for 1..max_k.
+    ``survival`` and ``survival_coverage``: a probe run's (module docstring)."""
+    iid = predicted_speedup(alpha, draft_cost, curve, k, coverage=min(1.0, coverage))
+    speedup = iid
+    if survival:
+        run_coverage = coverage if survival_coverage is None else survival_coverage
+        speedup = speedup_from_survival(survival, run_coverage, draft_cost, curve, k)
     break_even = {j: break_even_acceptance(draft_cost, curve, j) for j in range(1, max_k + 1)}
     return ConfigPrediction(
-        drafter, k, alpha, coverage, draft_cost, curve.relative(k), speedup, break_even
+        drafter, k, alpha, coverage, draft_cost, curve.relative(k), speedup, iid, break_even
     )
+
+
+def speedup_from_survival(
+    survival: Sequence[float], coverage: float, draft_cost: float, curve: CostCurve, k: int
+) -> float:
+    """S(K) from a measured survival curve; past its end each further position is kept at
+    the curve's last conditional rate (survival[-1] / survival[-2])."""
+    kept = list(survival[:k])
+    while len(kept) < k:
+        last = kept[-1]
+        before = kept[-2] if len(kept) > 1 else 1.0
+        kept.append(last * (last / before if before > 0 else 0.0))
+    tokens = 1.0 + coverage * sum(kept)
+    seconds = coverage * (k * draft_cost + curve.relative(k)) + (1.0 - coverage)
+    return tokens / seconds

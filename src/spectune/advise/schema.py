@@ -34,7 +34,7 @@ class CandidateCheck:
     acceptance: dict[str, float]  # temperature -> alpha
     acceptance_by_category: dict[str, dict[str, float]]  # temperature -> category -> alpha
     first_token_acceptance: float | None  # the first draft token, decision temperature
-    position_acceptance: tuple[float, ...]  # live: draft position i accepted, given i - 1 was
+    position_acceptance: tuple[float, ...]  # probe run: position j+1 kept, given 1..j were
     draft_cost: float | None
 
 
@@ -68,6 +68,7 @@ class ConfigResult:
             "draft_cost": p.draft_cost,
             "verify_cost": p.verify_cost,
             "predicted_speedup": p.predicted_speedup,
+            "iid_speedup": p.iid_speedup,
             "break_even_acceptance": {str(k): v for k, v in p.break_even.items()},
             "measured_speedup": self.measured,
             "noise": None if self.run is None else self.run.noise,
