@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from spectune.advise.advisor import AdviseSettings, advise, split_prompts
-from spectune.advise.measure import VerifiedRun, measure_survival, verify_interleaved
+from spectune.advise.measure import Survival, VerifiedRun, survival_of, verify_interleaved
 from spectune.advise.predict import predict_config, speedup_from_survival
 from spectune.advise.schema import SCHEMA_VERSION, Advice
 from spectune.advise.verdict import DO_NOT_SPECULATE, checklist, decide
@@ -76,9 +76,14 @@ def test_survival_curve_prediction() -> None:
     assert speedup_from_survival([0.6, 0.3], 1.0, 0.1, FLAT, 2) == pytest.approx(1.9 / 1.2)
     # Past the curve: the last conditional rate (0.5) again: 1 + 0.6 + 0.3 + 0.15.
     assert speedup_from_survival([0.6, 0.3], 1.0, 0.0, FLAT, 3) == pytest.approx(2.05)
-    p = predict_config("d", 0.8, 1.0, 0.1, FLAT, 2, survival=[0.6, 0.3], survival_coverage=1.0)
-    assert p.predicted_speedup == pytest.approx(1.9 / 1.2)
+    # A probe at K=2 whose steps cost 1.5 plain steps, 0.3 over the model's 1.2: that
+    # overhead is added at every K.
+    probe = Survival(2, (0.6, 0.3), 1.0, 1.5)
+    p = predict_config("d", 0.8, 1.0, 0.1, FLAT, 2, survival=probe)
+    assert p.predicted_speedup == pytest.approx(1.9 / 1.5)
     assert p.iid_speedup == pytest.approx(2.44 / 1.2)
+    p1 = predict_config("d", 0.8, 1.0, 0.1, FLAT, 1, survival=probe)
+    assert p1.predicted_speedup == pytest.approx(1.6 / (0.1 + 1.0 + 0.3))
 
 
 # --- verdict ---------------------------------------------------------------------------
@@ -144,8 +149,9 @@ def test_scripted_drafters_with_known_acceptance(toy_target: LlamaLM) -> None:
     )
     assert runs[0].counts.acceptance_rate == 1.0
     assert runs[1].counts.acceptance_rate == 0.0
-    survival = measure_survival(toy_target, oracle, prompts, 3, 12)
-    assert survival.kept[:2] == (1.0, 1.0) and survival.coverage == 1.0
+    oracle_survival, wrong_survival = (survival_of(run, 3) for run in runs)
+    assert oracle_survival.kept[:2] == (1.0, 1.0) and oracle_survival.coverage == 1.0
+    assert wrong_survival.kept == (0.0, 0.0, 0.0) and wrong_survival.step_cost > 0
     assert len(runs[1].ratios) == 3
     # The wrong drafter keeps nothing and runs the target k times per draft: the model says
     # it cannot pay, and the measurement agrees.

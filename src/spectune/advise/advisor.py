@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spectune.advise.measure import Survival, measure_survival, verify_interleaved
+from spectune.advise.measure import Survival, survival_of, verify_interleaved
 from spectune.advise.predict import ConfigPrediction, predict_config
 from spectune.advise.schema import Advice, CandidateCheck, ConfigResult
 from spectune.advise.verdict import CheckRow, checklist, decide
@@ -102,8 +102,7 @@ def _configs(
             curve,
             k,
             max_k=max_k,
-            survival=() if survival is None else survival.kept,
-            survival_coverage=None if survival is None else survival.coverage,
+            survival=survival,
         )
         for k in range(1, max_k + 1)
     ]
@@ -185,13 +184,10 @@ def advise(
     if not compatible:
         problems = "; ".join(f"{r.spec}: {', '.join(r.problems)}" for r in measured.candidates)
         raise IncompatibleModelsError(f"no candidate draft can pair with the target ({problems})")
-    # 3. Per-position acceptance: a short probe run of each drafter on the fitting half.
+    # 3. Per-position acceptance and the real step cost: a short probe run of each drafter
+    # on the fitting half, interleaved with plain decoding.
     drafters: dict[str, Drafter] = {}
-    survivals: dict[str, Survival] = {}
-    probe_k = min(PROBE_K, settings.max_k)
-    for i, result in enumerate(compatible):
-        if on_progress is not None:
-            on_progress("per-position acceptance", i, len(compatible))
+    for result in compatible:
         candidate = resolve_candidate(
             result.spec,
             target,
@@ -202,11 +198,21 @@ def advise(
         )
         assert candidate.drafter is not None  # it was compatible a moment ago
         drafters[result.spec] = candidate.drafter
-        survivals[result.spec] = measure_survival(
-            target.model, candidate.drafter, [row[2] for row in fit], probe_k, settings.max_tokens
-        )
-    if on_progress is not None:
-        on_progress("per-position acceptance", len(compatible), len(compatible))
+    probe_k = min(PROBE_K, settings.max_k)
+
+    def probed(done: int, total: int) -> None:
+        if on_progress is not None:
+            on_progress("per-position acceptance (probe runs)", done, total)
+
+    probed(0, len(fit))
+    probes = verify_interleaved(
+        target.model,
+        [(spec, drafter, probe_k) for spec, drafter in drafters.items()],
+        [row[2] for row in fit],
+        settings.max_tokens,
+        on_prompt=probed,
+    )
+    survivals = {run.label: survival_of(run, probe_k) for run in probes}
     # 4. Predict.
     predictions = [
         p

@@ -18,16 +18,17 @@ from spectune.models.base import LanguageModel
 from spectune.records import SpecCounts
 from spectune.select.measure import measure_runs
 
-__all__ = ["Survival", "VerifiedRun", "measure_survival", "verify_interleaved"]
+__all__ = ["Survival", "VerifiedRun", "survival_of", "verify_interleaved"]
 
 
 @dataclass(frozen=True)
 class Survival:
-    """Per-position acceptance from a probe run at one K (greedy)."""
+    """Per-position acceptance and the real step cost from a probe run at one K (greedy)."""
 
     k: int
     kept: tuple[float, ...]  # [j]: drafting steps that kept positions 1..j+1 / drafting steps
     coverage: float  # drafting steps / all steps
+    step_cost: float  # mean step time over plain decoding's mean step time, beside it
 
     @property
     def conditional(self) -> tuple[float, ...]:
@@ -36,19 +37,20 @@ class Survival:
         return tuple(k / b if b > 0 else 0.0 for k, b in zip(self.kept, before, strict=True))
 
 
-def measure_survival(
-    target: LanguageModel,
-    drafter: Drafter,
-    prompts: Sequence[list[int]],
-    k: int,
-    max_tokens: int,
-) -> Survival:
-    """A probe run at ``k`` over ``prompts``: the survival curve of its draft positions."""
-    counts = measure_runs(target, drafter, prompts, k, max_tokens).counts
+def survival_of(run: VerifiedRun, k: int) -> Survival:
+    """The survival curve and step cost of a probe ``run`` at ``k``."""
+    counts, plain = run.counts, run.plain
     drafting = counts.tested_at[0] if counts.tested_at else 0
     accepted = counts.accepted_at + [0] * (k - len(counts.accepted_at))
     kept = tuple(accepted[j] / drafting for j in range(k)) if drafting else ()
-    return Survival(k, kept, drafting / counts.steps if counts.steps else 0.0)
+    step = counts.step_time / counts.steps if counts.steps else 0.0
+    plain_step = plain.step_time / plain.steps if plain.steps else 0.0
+    return Survival(
+        k,
+        kept,
+        drafting / counts.steps if counts.steps else 0.0,
+        step / plain_step if plain_step > 0 else 0.0,
+    )
 
 
 @dataclass(frozen=True)

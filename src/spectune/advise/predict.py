@@ -11,7 +11,9 @@ Acceptance is rarely i.i.d. over draft positions: a draft's later tokens read it
 earlier ones and are kept less often. Where a short probe run measured the survival curve
 (``survival[j]``: the fraction of drafting steps that kept draft positions 1..j+1), the
 prediction uses it: tokens per step = 1 + coverage * sum(survival[:K]), which is the i.i.d.
-formula when survival[j] = alpha^(j+1).
+formula when survival[j] = alpha^(j+1). The same probe run times its steps beside plain
+decoding's: what a speculative step costs beyond K c + v(K) (the engine's verification and
+bookkeeping, the drafter's syncing) is added to every K's cost as one measured overhead.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from spectune.advise.measure import Survival
 from spectune.control.costs import CostCurve, break_even_acceptance, predicted_speedup
 
 __all__ = ["ConfigPrediction", "predict_config", "speedup_from_survival"]
@@ -52,32 +55,45 @@ def predict_config(
     k: int,
     *,
     max_k: int = 8,
-    survival: Sequence[float] = (),
-    survival_coverage: float | None = None,
+    survival: Survival | None = None,
 ) -> ConfigPrediction:
-    """The prediction for ``drafter`` at ``k``, with break-even acceptances for 1..max_k.
-    ``survival`` and ``survival_coverage``: a probe run's (module docstring)."""
+    """The prediction for ``drafter`` at ``k``, with break-even acceptances for 1..max_k,
+    from a probe run's ``survival`` where there is one (module docstring)."""
     iid = predicted_speedup(alpha, draft_cost, curve, k, coverage=min(1.0, coverage))
     speedup = iid
-    if survival:
-        run_coverage = coverage if survival_coverage is None else survival_coverage
-        speedup = speedup_from_survival(survival, run_coverage, draft_cost, curve, k)
+    if survival is not None and survival.kept:
+        overhead = survival.step_cost - _step_cost(survival.coverage, draft_cost, curve, survival.k)
+        speedup = speedup_from_survival(
+            survival.kept, survival.coverage, draft_cost, curve, k, overhead=overhead
+        )
     break_even = {j: break_even_acceptance(draft_cost, curve, j) for j in range(1, max_k + 1)}
     return ConfigPrediction(
         drafter, k, alpha, coverage, draft_cost, curve.relative(k), speedup, iid, break_even
     )
 
 
+def _step_cost(coverage: float, draft_cost: float, curve: CostCurve, k: int) -> float:
+    """A step's modelled cost in plain steps: K c + v(K) where the drafter proposes, one
+    plain step elsewhere."""
+    return coverage * (k * draft_cost + curve.relative(k)) + (1.0 - coverage)
+
+
 def speedup_from_survival(
-    survival: Sequence[float], coverage: float, draft_cost: float, curve: CostCurve, k: int
+    survival: Sequence[float],
+    coverage: float,
+    draft_cost: float,
+    curve: CostCurve,
+    k: int,
+    *,
+    overhead: float = 0.0,
 ) -> float:
-    """S(K) from a measured survival curve; past its end each further position is kept at
-    the curve's last conditional rate (survival[-1] / survival[-2])."""
+    """S(K) from a measured survival curve, ``overhead`` plain steps added to each step's
+    cost; past the curve's end each further position is kept at its last conditional rate
+    (survival[-1] / survival[-2])."""
     kept = list(survival[:k])
     while len(kept) < k:
         last = kept[-1]
         before = kept[-2] if len(kept) > 1 else 1.0
         kept.append(last * (last / before if before > 0 else 0.0))
     tokens = 1.0 + coverage * sum(kept)
-    seconds = coverage * (k * draft_cost + curve.relative(k)) + (1.0 - coverage)
-    return tokens / seconds
+    return tokens / max(1e-9, _step_cost(coverage, draft_cost, curve, k) + overhead)
