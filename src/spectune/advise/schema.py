@@ -83,6 +83,7 @@ class ConfigResult:
                 "tokens_per_second": c.tokens_per_second,
                 "plain_tokens_per_second": self.run.plain.tokens_per_second,
                 "prompts": len(self.run.ratios),
+                "per_prompt_speedup": list(self.run.ratios),
             }
         return out
 
