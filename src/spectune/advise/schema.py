@@ -99,7 +99,7 @@ class Advice:
     verdict: Verdict
     checklist: tuple[CheckRow, ...]
     notes: tuple[str, ...]
-    outputs: dict[str, str]  # what was written: name -> path
+    outputs: dict[str, str]  # what was written: role -> file name in the report folder
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:

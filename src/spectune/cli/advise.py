@@ -215,7 +215,7 @@ def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:
                 PolicySpec("fixed", {"k": best.k}), (f"spectune advise: {verdict.summary}",)
             )
         )
-        outputs["policy"] = str(policy)
+        outputs["policy"] = policy.name
         engine = ENGINES[args.engine]
         if engine == "spectune":
             command = (
@@ -227,11 +227,11 @@ def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:
             command = "\n".join([plan.command, *(f"# {n}" for n in plan.notes)])
         path = args.out / f"export-{args.engine}.txt"
         path.write_text(command + "\n")
-        outputs["export"] = str(path)
+        outputs["export"] = path.name
     png = args.out / "advice.png"
     plot(advice, png)
-    outputs["plot"] = str(png)
-    outputs["json"] = str(args.out / "advice.json")
+    outputs["plot"] = png.name
+    outputs["json"] = "advice.json"
     advice.write(args.out / "advice.json")
     console.print(config_table(advice))
     if advice.checklist:
@@ -241,6 +241,5 @@ def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:
     console.print(f"[bold]Verdict:[/bold] {verdict.summary}")
     for reason in verdict.reasons:
         console.print(f"  - {reason}")
-    console.print(
-        "  ".join(f"{k}: {v}" for k, v in outputs.items()) + f"  ({advice.seconds:.0f} s)"
-    )
+    written = "  ".join(f"{role}: {name}" for role, name in outputs.items())
+    console.print(f"in {args.out}: {written}  ({advice.seconds:.0f} s)")
