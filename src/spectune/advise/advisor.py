@@ -79,9 +79,10 @@ def split_prompts(prompts: Sequence[PromptRow]) -> tuple[list[PromptRow], list[P
     return fit, held
 
 
-# The probe run's K: near the optimum a two-core CPU shows (K = 1-2), so the measured step
-# overhead is taken where it is used; survival past it is extrapolated (predict.py).
-PROBE_K = 3
+# The probe run's K: at the optimum a two-core CPU shows (K = 1-2), so the step cost is
+# measured where it is used (probing at K = 3 left the winner's prediction 11% optimistic:
+# the curve's noise at the probe's K moves every other K); survival past it is extrapolated.
+PROBE_K = 2
 
 
 def _configs(
@@ -139,6 +140,7 @@ def _check(result: CandidateResult, survival: Survival | None, decision: float) 
         first_token_acceptance=result.alpha_at(decision),
         position_acceptance=positions,
         draft_cost=result.draft_cost,
+        probe_step_cost=None if survival is None else survival.step_cost,
     )
 
 

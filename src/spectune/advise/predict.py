@@ -62,6 +62,8 @@ def predict_config(
     iid = predicted_speedup(alpha, draft_cost, curve, k, coverage=min(1.0, coverage))
     speedup = iid
     if survival is not None and survival.kept:
+        # cost(K) = the probe's measured step cost + the model's difference from its K: at
+        # the probe's K the cost is the measured one, whatever the curve's noise there.
         overhead = survival.step_cost - _step_cost(survival.coverage, draft_cost, curve, survival.k)
         speedup = speedup_from_survival(
             survival.kept, survival.coverage, draft_cost, curve, k, overhead=overhead

@@ -36,6 +36,7 @@ class CandidateCheck:
     first_token_acceptance: float | None  # the first draft token, decision temperature
     position_acceptance: tuple[float, ...]  # probe run: position j+1 kept, given 1..j were
     draft_cost: float | None
+    probe_step_cost: float | None  # probe run: a step's time over a plain step's
 
 
 @dataclass(frozen=True)
