@@ -115,19 +115,20 @@ def checklist(prediction: ConfigPrediction, run: VerifiedRun) -> tuple[list[Chec
     ]
     notes = []
     live = counts.acceptance_rate
-    if run.speedup > 1.0 and live is not None and not 0.60 <= live <= 0.85:
+    pays = run.speedup - run.noise > 1.0  # beyond the noise, as the verdict asks
+    if pays and live is not None and not 0.60 <= live <= 0.85:
         notes.append(
             f"{run.label} pays ({run.speedup:.2f}x) at a live acceptance of {live:.0%}, outside "
             f"the 60-85% rule: on this machine v({prediction.k}) = {prediction.verify_cost:.2f} "
             f"and c = {prediction.draft_cost:.3f} put the optimum there"
         )
-    if run.speedup > 1.0 and prediction.alpha <= 0.65:
+    if pays and prediction.alpha <= 0.65:
         notes.append(
             f"{run.label} pays with a baseline acceptance of {prediction.alpha:.0%}, under the "
             "65% rule of thumb: its break-even acceptance here is "
             f"{_shown(prediction.break_even.get(prediction.k))}"
         )
-    if run.speedup < 1.5 and run.speedup - run.noise > 1.0:
+    if pays and run.speedup < 1.5:
         notes.append(
             f"the measured optimum ({run.speedup:.2f}x) is under the 1.5-2.5x band: a small "
             "target on a CPU leaves little to win"
