@@ -104,6 +104,10 @@ def test_verdict_speculates_beyond_the_noise_only() -> None:
     assert verdict.speculate and verdict.winner == "d K=2"
     noisy = _run("d K=2", 1.3, (0.6, 2.0, 0.9, 1.7), accepted=80)
     assert noisy.noise > 0.3
+    # Beside a steady 1.3x, a noisier 1.4x loses: its lower bound is lower.
+    wild = _run("e K=2", 1.4, (1.1, 1.7, 1.2, 1.6), accepted=80)
+    other = predict_config("e", 0.8, 1.0, 0.1, FLAT, 2)
+    assert decide([good, other], [clear, wild]).winner == "d K=2"
     verdict = decide([good], [noisy])
     assert not verdict.speculate and verdict.summary == DO_NOT_SPECULATE
     assert verdict.needed_acceptance == good.break_even[2]

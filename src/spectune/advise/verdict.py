@@ -1,8 +1,9 @@
 """The verdict: speculate with the winner, or do not speculate here.
 
 A configuration wins only when its measured speedup beats plain decoding by more than its
-measured noise (``VerifiedRun.noise``): speedup - noise > 1. Among those, the fastest
-measured wins. When none qualifies, the verdict says so with the figures behind it: the
+measured noise (``VerifiedRun.noise``): speedup - noise > 1. Among those, the one with the
+highest lower bound (speedup - noise) wins: a noisy run that measured faster by luck does not
+beat a steady one. When none qualifies, the verdict says so with the figures behind it: the
 best measured speedup and its noise, and the acceptance that the best configuration's K
 would need just to break even on this machine, beside the acceptance it has.
 """
@@ -33,7 +34,9 @@ def decide(predictions: Sequence[ConfigPrediction], verified: Sequence[VerifiedR
     """``verified[i]`` is the run of the configuration labelled ``verified[i].label``."""
     by_label = {p.label: p for p in predictions}
     winners = sorted(
-        (v for v in verified if v.speedup - v.noise > 1.0), key=lambda v: v.speedup, reverse=True
+        (v for v in verified if v.speedup - v.noise > 1.0),
+        key=lambda v: v.speedup - v.noise,
+        reverse=True,
     )
     if winners:
         best = winners[0]

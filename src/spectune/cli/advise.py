@@ -37,8 +37,19 @@ ENGINES = {
     "llama.cpp": "llamacpp",
     "llamacpp": "llamacpp",
 }
-# --quick: fewer prompts and tokens, one temperature, the top 2 verified.
-QUICK = {"per_category": 2, "max_tokens": 24, "temperatures": "0", "top": 2, "verify_prompts": 7}
+# Flags whose default --quick changes (fewer prompts and tokens, one temperature, the top 2
+# verified): dest -> (default, with --quick). A flag given on the command line wins.
+SCALED: dict[str, tuple[Any, Any]] = {
+    "per_category": (4, 2),
+    "max_tokens": (48, 24),
+    "temperatures": ("0,0.7", "0"),
+    "top": (3, 2),
+}
+
+
+def _scaled_help(dest: str, text: str) -> str:
+    full, quick = SCALED[dest]
+    return f"{text} (default: {full}; with --quick: {quick})"
 
 
 def register(subparsers: Any) -> None:
@@ -60,24 +71,28 @@ def register(subparsers: Any) -> None:
         "--limit-per-category",
         dest="per_category",
         type=int,
-        default=4,
-        help="prompts per category, half fit and half verify",
+        default=None,
+        help=_scaled_help("per_category", "prompts per category, half fit and half verify"),
     )
     parser.add_argument(
         "--max-tokens",
         type=int,
-        default=48,
-        help="tokens per continuation and per verification run",
+        default=None,
+        help=_scaled_help("max_tokens", "tokens per continuation and per verification run"),
     )
     parser.add_argument(
         "--temperatures",
-        default="0,0.7",
-        help="comma-separated; the first decides K and the prediction",
+        default=None,
+        help=_scaled_help(
+            "temperatures", "comma-separated; the first decides K and the prediction"
+        ),
     )
     parser.add_argument(
         "--verify-prompts", type=int, default=7, help="held-apart prompts for the verification runs"
     )
-    parser.add_argument("--top", type=int, default=3, help="configurations verified")
+    parser.add_argument(
+        "--top", type=int, default=None, help=_scaled_help("top", "configurations verified")
+    )
     parser.add_argument("--max-k", type=int, default=8)
     parser.add_argument(
         "--engine",
@@ -87,7 +102,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="2 prompts per category, 24 tokens, temperature 0, top 2 verified",
+        help="fewer prompts and tokens, temperature 0 only, the top 2 verified",
     )
     parser.add_argument(
         "--trust-draft-vocab",
@@ -105,10 +120,9 @@ def register(subparsers: Any) -> None:
 
 def _settings(args: argparse.Namespace) -> tuple[AdviseSettings, int]:
     """The settings, ``--quick`` applied where a flag was left at its default."""
-    if args.quick:
-        for key, value in QUICK.items():
-            if getattr(args, key) == _DEFAULTS[key]:
-                setattr(args, key, value)
+    for dest, (full, quick) in SCALED.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, quick if args.quick else full)
     try:
         temperatures = tuple(float(t) for t in args.temperatures.split(","))
     except ValueError:
@@ -132,15 +146,6 @@ def _settings(args: argparse.Namespace) -> tuple[AdviseSettings, int]:
         trust_draft_vocab=args.trust_draft_vocab,
     )
     return settings, args.per_category
-
-
-_DEFAULTS = {
-    "per_category": 4,
-    "max_tokens": 48,
-    "temperatures": "0,0.7",
-    "top": 3,
-    "verify_prompts": 7,
-}
 
 
 def run(args: argparse.Namespace) -> int:
