@@ -230,3 +230,25 @@ def test_cli_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
         err = capsys.readouterr().err
         assert err.startswith("spectune: error: ") and err.count("\n") == 1
         assert message in err
+
+
+def test_help_names_every_default_and_quick_scales_only_untouched_flags() -> None:
+    import argparse
+
+    from spectune.cli import build_parser
+    from spectune.cli.advise import _settings
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text = " ".join(commands.choices["advise"].format_help().split())
+    assert "(default: 48; with --quick: 24)" in text
+    assert "(default: spectune)" in text and "(default: advise-report)" in text
+    settings, per_category = _settings(parser.parse_args(["advise", "--quick", "--top", "3"]))
+    assert (settings.max_tokens, settings.temperatures, settings.top, per_category) == (
+        24,
+        (0.0,),
+        3,
+        2,
+    )
+    settings, per_category = _settings(parser.parse_args(["advise"]))
+    assert (settings.max_tokens, settings.temperatures, settings.top) == (48, (0.0, 0.7), 3)
