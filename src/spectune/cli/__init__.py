@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import NoReturn, TextIO
 
 from spectune.cli import (
+    advise,
     bench,
     corpus,
     distill,
@@ -41,6 +42,7 @@ COMMANDS = (
     corpus,
     distill,
     select,
+    advise,
     experiment,
     serve,
     export,

@@ -27,6 +27,7 @@ from spectune.models.base import LanguageModel
 
 __all__ = [
     "CostCurve",
+    "break_even_acceptance",
     "ewma",
     "expected_tokens_per_step",
     "measure_forward_curve",
@@ -123,13 +124,40 @@ def predicted_speedup(
     k: int,
     *,
     verify_cost: float | None = None,
+    coverage: float = 1.0,
 ) -> float:
     """S(k) relative to plain decoding; S(0) = 1. ``verify_cost``: the target's cost of
     verifying k tokens in units of a one-token step (default ``curve.relative(k)``, one
-    pass; chunked verification passes its expected cost)."""
-    return speedup_of_tokens(
-        expected_tokens_per_step(alpha, k), draft_cost, curve, k, verify_cost=verify_cost
-    )
+    pass; chunked verification passes its expected cost). ``coverage``: the fraction of
+    steps at which the drafter proposes at all (a suffix drafter finds no match at the
+    others, which are then plain steps: one token for one target forward)."""
+    if k == 0:
+        return 1.0
+    verify = curve.relative(k) if verify_cost is None else verify_cost
+    tokens = coverage * expected_tokens_per_step(alpha, k) + (1.0 - coverage)
+    return tokens / (coverage * (k * draft_cost + verify) + (1.0 - coverage))
+
+
+def break_even_acceptance(
+    draft_cost: float, curve: CostCurve, k: int, *, tolerance: float = 1e-6
+) -> float | None:
+    """The acceptance alpha at which S(k) = 1: below it drafting k tokens is slower than
+    plain decoding. None when no alpha reaches it (even alpha = 1 gives k + 1 tokens for
+    k c + v(k) > k + 1). S(k) rises with alpha, so bisection finds the root."""
+    if k < 1:
+        raise ValueError("break-even acceptance needs k >= 1")
+    if predicted_speedup(1.0, draft_cost, curve, k) <= 1.0:
+        return None
+    if predicted_speedup(0.0, draft_cost, curve, k) >= 1.0:
+        return 0.0
+    low, high = 0.0, 1.0
+    while high - low > tolerance:
+        mid = (low + high) / 2
+        if predicted_speedup(mid, draft_cost, curve, k) < 1.0:
+            low = mid
+        else:
+            high = mid
+    return high
 
 
 def speedup_of_tokens(

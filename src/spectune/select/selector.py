@@ -16,7 +16,6 @@ import torch
 
 from spectune.control.costs import (
     CostCurve,
-    expected_tokens_per_step,
     measure_forward_curve,
     predicted_speedup,
 )
@@ -191,11 +190,7 @@ def _evaluate(
 def _speedup(alpha: float, coverage: float, cost: float, curve: CostCurve, k: int) -> float:
     """S(K) for a drafter that proposes at a fraction ``coverage`` of steps; the other steps
     are plain steps (one token for one target forward). coverage = 1 is the seed's S(K)."""
-    if coverage >= 1.0:
-        return predicted_speedup(alpha, cost, curve, k)
-    tokens = coverage * expected_tokens_per_step(alpha, k) + (1 - coverage)
-    seconds = coverage * (k * cost + curve.relative(k)) + (1 - coverage)
-    return tokens / seconds
+    return predicted_speedup(alpha, cost, curve, k, coverage=min(1.0, coverage))
 
 
 def _recommend(ranked: Sequence[CandidateResult]) -> Recommendation:

@@ -1,0 +1,1 @@
+"""``spectune advise``: measure, predict, verify and recommend a speculative setup."""

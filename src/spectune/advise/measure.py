@@ -1,0 +1,105 @@
+"""Interleaved verification runs: each configuration against plain decoding, prompt by prompt.
+
+For every held-apart prompt, plain decoding and then each configuration run back to back, so
+slow drift of a shared machine hits every configuration alike (the benchmark's rule). A
+configuration's measured speedup is its pooled tokens/s over plain's pooled tokens/s; its
+noise is twice the standard error of the per-prompt ratios (about a 95% interval).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from spectune.drafters.base import Drafter
+from spectune.models.base import LanguageModel
+from spectune.records import SpecCounts
+from spectune.select.measure import measure_runs
+
+__all__ = ["Survival", "VerifiedRun", "survival_of", "verify_interleaved"]
+
+
+@dataclass(frozen=True)
+class Survival:
+    """Per-position acceptance and the real step cost from a probe run at one K (greedy)."""
+
+    k: int
+    kept: tuple[float, ...]  # [j]: drafting steps that kept positions 1..j+1 / drafting steps
+    coverage: float  # drafting steps / all steps
+    step_cost: float  # mean step time over plain decoding's mean step time, beside it
+
+    @property
+    def conditional(self) -> tuple[float, ...]:
+        """[j]: position j+1 kept, given positions 1..j were."""
+        before = (1.0, *self.kept[:-1])
+        return tuple(k / b if b > 0 else 0.0 for k, b in zip(self.kept, before, strict=True))
+
+
+def survival_of(run: VerifiedRun, k: int) -> Survival:
+    """The survival curve and step cost of a probe ``run`` at ``k``."""
+    counts, plain = run.counts, run.plain
+    drafting = counts.tested_at[0] if counts.tested_at else 0
+    accepted = counts.accepted_at + [0] * (k - len(counts.accepted_at))
+    kept = tuple(accepted[j] / drafting for j in range(k)) if drafting else ()
+    step = counts.step_time / counts.steps if counts.steps else 0.0
+    plain_step = plain.step_time / plain.steps if plain.steps else 0.0
+    return Survival(
+        k,
+        kept,
+        drafting / counts.steps if counts.steps else 0.0,
+        step / plain_step if plain_step > 0 else 0.0,
+    )
+
+
+@dataclass(frozen=True)
+class VerifiedRun:
+    label: str
+    counts: SpecCounts  # pooled over the prompts
+    plain: SpecCounts  # the plain runs beside it, pooled
+    ratios: tuple[float, ...]  # per prompt: this run's tokens/s over plain's
+
+    @property
+    def speedup(self) -> float:
+        mine, plain = self.counts.tokens_per_second, self.plain.tokens_per_second
+        return 0.0 if not mine or not plain else mine / plain
+
+    @property
+    def noise(self) -> float:
+        """Twice the standard error of the per-prompt ratios (0 with fewer than 2)."""
+        if len(self.ratios) < 2:
+            return 0.0
+        return 2.0 * statistics.stdev(self.ratios) / math.sqrt(len(self.ratios))
+
+
+def verify_interleaved(
+    target: LanguageModel,
+    configs: Sequence[tuple[str, Drafter, int]],  # (label, drafter, K)
+    prompts: Sequence[list[int]],
+    max_tokens: int,
+    *,
+    on_prompt: Callable[[int, int], None] | None = None,
+) -> list[VerifiedRun]:
+    """Run plain decoding and every configuration on each prompt in turn (greedy)."""
+    if prompts:  # warm-up at every configuration, not counted
+        measure_runs(target, None, prompts[:1], 0, 4)
+        for _, drafter, k in configs:
+            measure_runs(target, drafter, prompts[:1], k, 4)
+    counts = [SpecCounts() for _ in configs]
+    plain_total = SpecCounts()
+    ratios: list[list[float]] = [[] for _ in configs]
+    for i, prompt in enumerate(prompts):
+        plain = measure_runs(target, None, [prompt], 0, max_tokens).counts
+        plain_total.merge(plain)
+        for j, (_, drafter, k) in enumerate(configs):
+            run = measure_runs(target, drafter, [prompt], k, max_tokens).counts
+            counts[j].merge(run)
+            if run.tokens_per_second and plain.tokens_per_second:
+                ratios[j].append(run.tokens_per_second / plain.tokens_per_second)
+        if on_prompt is not None:
+            on_prompt(i + 1, len(prompts))
+    return [
+        VerifiedRun(label, counts[j], plain_total, tuple(ratios[j]))
+        for j, (label, _, _) in enumerate(configs)
+    ]

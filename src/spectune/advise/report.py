@@ -1,0 +1,92 @@
+"""The advice as a terminal table and one plot of predicted vs measured speedup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from spectune.advise.schema import Advice
+
+__all__ = ["checklist_table", "config_table", "plot"]
+
+
+def config_table(advice: Advice) -> Table:
+    table = Table(title=f"spectune advise: {advice.target}")
+    for column in (
+        "configuration",
+        "alpha",
+        "c",
+        "v(K)",
+        "break-even",
+        "predicted",
+        "measured",
+        "error",
+    ):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    for result in advice.configurations:
+        p = result.prediction
+        even = p.break_even.get(p.k)
+        measured = (
+            "-" if result.run is None else f"{result.run.speedup:.2f}x +-{result.run.noise:.2f}"
+        )
+        table.add_row(
+            p.label,
+            f"{p.alpha:.0%}",
+            f"{p.draft_cost:.3f}",
+            f"{p.verify_cost:.2f}",
+            "never" if even is None else f"{even:.0%}",
+            f"{p.predicted_speedup:.2f}x",
+            measured,
+            "-" if result.error is None else f"{result.error:+.0%}",
+        )
+    return table
+
+
+def checklist_table(advice: Advice) -> Table:
+    table = Table(title="health rules")
+    for column in ("rule", "band", "measured", ""):
+        table.add_column(column)
+    for row in advice.checklist:
+        mark = "n/a" if row.met is None else ("met" if row.met else "not met")
+        table.add_row(row.rule, row.band, row.shown(), mark)
+    return table
+
+
+def plot(advice: Advice, path: Path) -> None:
+    """Predicted and measured speedup per verified configuration, with the noise as error
+    bars and plain decoding as the line at 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    verified = [r for r in advice.configurations if r.run is not None]
+    labels = [r.prediction.label for r in verified]
+    positions = range(len(verified))
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(verified) + 2), 3.6))
+    width = 0.38
+    ax.bar(
+        [x - width / 2 for x in positions],
+        [r.prediction.predicted_speedup for r in verified],
+        width,
+        label="predicted",
+        color="#9ecae1",
+    )
+    ax.bar(
+        [x + width / 2 for x in positions],
+        [r.measured or 0.0 for r in verified],
+        width,
+        yerr=[r.run.noise if r.run else 0.0 for r in verified],
+        capsize=4,
+        label="measured (+-noise)",
+        color="#3182bd",
+    )
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="plain decoding")
+    ax.set_xticks(list(positions), labels)
+    ax.set_ylabel("speedup over plain")
+    ax.set_title(f"{advice.target}: {advice.verdict.summary}", fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

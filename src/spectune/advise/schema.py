@@ -1,0 +1,126 @@
+"""``advice.json``: the typed record ``spectune advise`` writes (``SCHEMA_VERSION``).
+
+Top-level keys: ``schema_version``, ``target``, ``machine`` (the verification curve v(K)),
+``settings``, ``candidates`` (checks and measured acceptance and cost per draft),
+``configurations`` (predicted and, where verified, measured speedup with its noise and the
+prediction error), ``verdict``, ``checklist``, ``notes``, ``outputs``, ``seconds``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spectune.advise.measure import VerifiedRun
+from spectune.advise.predict import ConfigPrediction
+from spectune.advise.verdict import CheckRow, Verdict
+
+__all__ = ["SCHEMA_VERSION", "Advice", "CandidateCheck", "ConfigResult"]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CandidateCheck:
+    spec: str
+    kind: str
+    compatible: bool
+    problems: tuple[str, ...]
+    size_ratio: float | None  # draft parameters / target parameters
+    size_verdict: str  # against the 1/10 - 1/4 rule
+    acceptance: dict[str, float]  # temperature -> alpha
+    acceptance_by_category: dict[str, dict[str, float]]  # temperature -> category -> alpha
+    first_token_acceptance: float | None  # the first draft token, decision temperature
+    position_acceptance: tuple[float, ...]  # probe run: position j+1 kept, given 1..j were
+    draft_cost: float | None
+    probe_step_cost: float | None  # probe run: a step's time over a plain step's
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    prediction: ConfigPrediction
+    run: VerifiedRun | None  # None: not among the verified top configurations
+
+    @property
+    def measured(self) -> float | None:
+        return None if self.run is None else self.run.speedup
+
+    @property
+    def error(self) -> float | None:
+        """(measured - predicted) / predicted."""
+        if self.run is None:
+            return None
+        return (self.run.speedup - self.prediction.predicted_speedup) / (
+            self.prediction.predicted_speedup
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.prediction
+        out: dict[str, Any] = {
+            "label": p.label,
+            "drafter": p.drafter,
+            "policy": "fixed",
+            "k": p.k,
+            "alpha": p.alpha,
+            "coverage": p.coverage,
+            "draft_cost": p.draft_cost,
+            "verify_cost": p.verify_cost,
+            "predicted_speedup": p.predicted_speedup,
+            "iid_speedup": p.iid_speedup,
+            "break_even_acceptance": {str(k): v for k, v in p.break_even.items()},
+            "measured_speedup": self.measured,
+            "noise": None if self.run is None else self.run.noise,
+            "prediction_error": self.error,
+        }
+        if self.run is not None:
+            c = self.run.counts
+            out["live"] = {
+                "acceptance_rate": c.acceptance_rate,
+                "draft_share": c.draft_share,
+                "fallback_frequency": c.fallback_frequency,
+                "tokens_per_second": c.tokens_per_second,
+                "plain_tokens_per_second": self.run.plain.tokens_per_second,
+                "prompts": len(self.run.ratios),
+                "per_prompt_speedup": list(self.run.ratios),
+            }
+        return out
+
+
+@dataclass(frozen=True)
+class Advice:
+    target: str
+    target_parameters: int
+    verify_curve: dict[int, float]  # K -> v(K)
+    settings: dict[str, Any]
+    candidates: tuple[CandidateCheck, ...]
+    configurations: tuple[ConfigResult, ...]  # by predicted speedup, best first
+    verdict: Verdict
+    checklist: tuple[CheckRow, ...]
+    notes: tuple[str, ...]
+    outputs: dict[str, str]  # what was written: role -> file name in the report folder
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "target": self.target,
+            "target_parameters": self.target_parameters,
+            "machine": {"verify_curve": {str(k): v for k, v in self.verify_curve.items()}},
+            "settings": self.settings,
+            "candidates": [dataclasses.asdict(c) for c in self.candidates],
+            "configurations": [c.to_dict() for c in self.configurations],
+            "verdict": dataclasses.asdict(self.verdict),
+            "checklist": [
+                {"rule": r.rule, "band": r.band, "value": r.value, "met": r.met}
+                for r in self.checklist
+            ],
+            "notes": list(self.notes),
+            "outputs": self.outputs,
+            "seconds": self.seconds,
+        }
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")

@@ -1,0 +1,250 @@
+"""``spectune advise``: measure the candidate drafts, predict, verify the best against plain
+decoding, and write one report (table, ``advice.json``, a plot, the winner's policy file and
+the export for the chosen engine)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from spectune.advise.advisor import AdviseSettings, advise
+from spectune.advise.report import checklist_table, config_table, plot
+from spectune.advise.schema import Advice
+from spectune.cli.common import (
+    add_precision_args,
+    add_runtime_arg,
+    precision_from_args,
+    print_notes,
+)
+from spectune.cli.select import check_candidate_paths
+from spectune.control.config import PolicySpec
+from spectune.control.crossover import curve_for_this_machine
+from spectune.control.tune import policy_toml
+from spectune.drafters.pairing import load_target
+from spectune.errors import InvalidParameterError, PromptError
+from spectune.export import Tuning, export
+from spectune.prompts import load_prompts
+
+__all__ = ["register"]
+
+DEFAULT_DRAFTS = ("smollm2-draft", "suffix")
+ENGINES = {
+    "spectune": "spectune",
+    "vllm": "vllm",
+    "sglang": "sglang",
+    "llama.cpp": "llamacpp",
+    "llamacpp": "llamacpp",
+}
+# Flags whose default --quick changes (fewer prompts and tokens, one temperature, the top 2
+# verified): dest -> (default, with --quick). A flag given on the command line wins.
+SCALED: dict[str, tuple[Any, Any]] = {
+    "per_category": (4, 2),
+    "max_tokens": (48, 24),
+    "temperatures": ("0,0.7", "0"),
+    "top": (3, 2),
+}
+
+
+def _scaled_help(dest: str, text: str) -> str:
+    full, quick = SCALED[dest]
+    return f"{text} (default: {full}; with --quick: {quick})"
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "advise",
+        help="measure candidate drafts, predict and verify their speedup, recommend one (or none)",
+    )
+    parser.add_argument("--target", default="default")
+    parser.add_argument(
+        "--draft",
+        action="append",
+        default=None,
+        help="a candidate draft (repeat the flag): .gguf, HF folder, shipped draft name, "
+        f"'ngram', 'suffix', 'hybrid' (default: {' '.join(DEFAULT_DRAFTS)})",
+    )
+    parser.add_argument("--prompts", default=None, help="prompt JSONL (default: the built-in set)")
+    parser.add_argument("--split", default="test", help="prompt split (dev, test, or 'all')")
+    parser.add_argument(
+        "--limit-per-category",
+        dest="per_category",
+        type=int,
+        default=None,
+        help=_scaled_help("per_category", "prompts per category, half fit and half verify"),
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help=_scaled_help("max_tokens", "tokens per continuation and per verification run"),
+    )
+    parser.add_argument(
+        "--temperatures",
+        default=None,
+        help=_scaled_help(
+            "temperatures", "comma-separated; the first decides K and the prediction"
+        ),
+    )
+    parser.add_argument(
+        "--verify-prompts", type=int, default=7, help="held-apart prompts for the verification runs"
+    )
+    parser.add_argument(
+        "--top", type=int, default=None, help=_scaled_help("top", "configurations verified")
+    )
+    parser.add_argument("--max-k", type=int, default=8)
+    parser.add_argument(
+        "--engine",
+        default="spectune",
+        help="export the winner for: " + ", ".join(sorted(set(ENGINES) - {"llamacpp"})),
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer prompts and tokens, temperature 0 only, the top 2 verified",
+    )
+    parser.add_argument(
+        "--trust-draft-vocab",
+        action="store_true",
+        help="pair drafts that ship no tokenizer without comparing token strings",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("advise-report"), help="report folder")
+    add_precision_args(parser)
+    add_runtime_arg(parser)
+    parser.set_defaults(run=run)
+
+
+def _settings(args: argparse.Namespace) -> tuple[AdviseSettings, int]:
+    """The settings, ``--quick`` applied where a flag was left at its default."""
+    for dest, (full, quick) in SCALED.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, quick if args.quick else full)
+    try:
+        temperatures = tuple(float(t) for t in args.temperatures.split(","))
+    except ValueError:
+        raise InvalidParameterError(
+            f"--temperatures {args.temperatures!r}: give comma-separated numbers, e.g. 0,0.7"
+        ) from None
+    if any(t < 0 for t in temperatures):
+        raise InvalidParameterError("--temperatures must be >= 0")
+    if args.per_category < 1:
+        raise InvalidParameterError("--limit-per-category must be at least 1")
+    precision, device = precision_from_args(args)
+    settings = AdviseSettings(
+        temperatures=temperatures,
+        max_tokens=args.max_tokens,
+        verify_prompts=args.verify_prompts,
+        top=args.top,
+        max_k=args.max_k,
+        precision=precision,
+        device=device,
+        runtime=args.runtime,
+        trust_draft_vocab=args.trust_draft_vocab,
+    )
+    return settings, args.per_category
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    # Every setting is checked before minutes of loading.
+    if args.engine not in ENGINES:
+        raise InvalidParameterError(
+            f"unknown engine {args.engine!r}; choose one of spectune, vllm, sglang, llama.cpp"
+        )
+    if args.out.exists() and not args.out.is_dir():
+        raise InvalidParameterError(f"--out {args.out} is a file")
+    settings, per_category = _settings(args)
+    specs = list(args.draft or DEFAULT_DRAFTS)
+    check_candidate_paths(specs)
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            raise InvalidParameterError("--threads must be at least 1")
+        torch.set_num_threads(args.threads)
+    chosen = load_prompts(
+        args.prompts,
+        split=None if args.split == "all" else args.split,
+        limit_per_category=per_category,
+    )
+    if not chosen:
+        raise PromptError(f"no prompts to measure on in {args.prompts or 'the built-in set'}")
+    target = load_target(
+        args.target,
+        dtype=settings.precision.dtype,
+        quantize=settings.precision.quantize,
+        device=settings.device,
+        runtime=args.runtime,
+    )
+    prompts = [(p.id, p.category, p.tokens(target.tokenizer)) for p in chosen]
+    notes: list[str] = []
+    curve_for_this_machine(target.model, report=notes.append)  # a hybrid prices trees with it
+    print_notes(notes)
+    console = Console() if sys.stdout.isatty() else Console(width=140)
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        tasks: dict[str, Any] = {}
+
+        def on_progress(step: str, done: int, total: int) -> None:
+            if step not in tasks:
+                tasks[step] = progress.add_task(step, total=total)
+            progress.update(tasks[step], completed=done)
+
+        advice = advise(target, args.target, specs, prompts, settings, on_progress=on_progress)
+    _write(advice, args, console)
+    return 0
+
+
+def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    outputs = advice.outputs
+    verdict = advice.verdict
+    if verdict.speculate and verdict.winner:
+        best = next(
+            r.prediction for r in advice.configurations if r.prediction.label == verdict.winner
+        )
+        policy = args.out / "policy.toml"
+        policy.write_text(
+            policy_toml(
+                PolicySpec("fixed", {"k": best.k}), (f"spectune advise: {verdict.summary}",)
+            )
+        )
+        outputs["policy"] = policy.name
+        engine = ENGINES[args.engine]
+        if engine == "spectune":
+            command = (
+                f"spectune serve --target {args.target} --draft {best.drafter} "
+                f"--policy-file {policy}"
+            )
+        else:
+            plan = export(Tuning(best.drafter, best.k, target=args.target, source="advise"), engine)
+            command = "\n".join([plan.command, *(f"# {n}" for n in plan.notes)])
+        path = args.out / f"export-{args.engine}.txt"
+        path.write_text(command + "\n")
+        outputs["export"] = path.name
+    png = args.out / "advice.png"
+    plot(advice, png)
+    outputs["plot"] = png.name
+    outputs["json"] = "advice.json"
+    advice.write(args.out / "advice.json")
+    console.print(config_table(advice))
+    if advice.checklist:
+        console.print(checklist_table(advice))
+    for note in advice.notes:
+        console.print(f"  note: {note}")
+    console.print(f"[bold]Verdict:[/bold] {verdict.summary}")
+    for reason in verdict.reasons:
+        console.print(f"  - {reason}")
+    written = "  ".join(f"{role}: {name}" for role, name in outputs.items())
+    console.print(f"in {args.out}: {written}  ({advice.seconds:.0f} s)")
