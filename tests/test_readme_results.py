@@ -88,3 +88,20 @@ def test_every_help_names_its_defaults() -> None:
     text = commands.choices["serve"].format_help()
     assert "--port PORT           (default: 8000)" in text
     assert "--max-batch MAX_BATCH" in text and "(default: 16)" in text
+
+
+def test_the_block_shows_the_verification_cost_curve_and_explains_llamacpp() -> None:
+    curves = {
+        "int4": {"spectune": {"sizes": [1, 2, 4], "relative": [1.0, 1.3, 1.9]}},
+        "fp32": {"spectune": {"sizes": [1, 2, 4], "relative": [1.0, 1.05, 1.1]}},
+    }
+    block = readme_block({**DATA, "curves": curves}, "p.png", datetime.date(2026, 12, 6))
+    lines = block.splitlines()
+    header = lines.index("| runtime | n = 1 | n = 2 | n = 4 |")
+    assert lines[header + 2 : header + 4] == [
+        "| int4 | 1.00x | 1.30x | 1.90x |",
+        "| fp32 | 1.00x | 1.05x | 1.10x |",
+    ]
+    assert "llama-cpp-python's own decoding loop" in block  # a llama.cpp column is there
+    no_llama = {**DATA, "rows": [r for r in DATA["rows"] if r["dtype"] != "llamacpp"]}
+    assert "llama-cpp-python" not in readme_block(no_llama, "p.png", datetime.date(2026, 12, 6))

@@ -34,6 +34,13 @@ __all__ = [
 BEGIN = "<!-- results: make results (spectune bench --preset readme) rewrites this block -->"
 END = "<!-- end of results -->"
 PLOT = "speedup.png"
+LLAMACPP_NOTE = (
+    "`llama.cpp` columns: spectune's engine on llama.cpp's kernels (`--dtype llamacpp`; the "
+    "feature-head drafts need hidden states llama.cpp does not expose). `llama.cpp ...` rows: "
+    "llama-cpp-python's own decoding loop; its greedy text parts from spectune's on some "
+    "prompts because llama.cpp's logits depend on how it batches the prompt "
+    "([docs/usage.md](docs/usage.md))."
+)
 RUNTIME_ORDER = ("int4", "fp32", "bf16", "int8", "llamacpp")
 
 
@@ -57,6 +64,7 @@ def preset() -> dict[str, Any]:
         "repeats": 1,
         "threads": 2,
         "seed": 0,
+        "no_plots": True,  # the README shows one heatmap of its own
         "out": Path("docs/results/readme"),
         "readme": Path("README.md"),
     }
@@ -121,8 +129,39 @@ def readme_block(data: Mapping[str, Any], plot: str, today: datetime.date) -> st
                 compared += row["greedy_compared"]
         line.append(f"{equal}/{compared}" if compared else "")
         lines.append("| " + " | ".join(line) + " |")
+    if any(dtype == "llamacpp" for dtype, _ in columns):
+        lines += ["", LLAMACPP_NOTE]
+    lines += _curve_lines(data.get("curves", {}))
     lines += ["", f"![Speedup over plain decoding per system and runtime]({plot})", END]
     return "\n".join(lines)
+
+
+def _curve_lines(curves: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The verification-cost curve of spectune's runtime per dtype: one target pass over n
+    tokens, relative to a pass over one."""
+    measured = {
+        dtype: runtimes["spectune"]
+        for dtype, runtimes in curves.items()
+        if "spectune" in runtimes and runtimes["spectune"]["sizes"]
+    }
+    if not measured:
+        return []
+    sizes = next(iter(measured.values()))["sizes"]
+    lines = [
+        "",
+        "Verification cost, one target pass over n tokens relative to one (same run):",
+        "",
+        "| runtime | " + " | ".join(f"n = {n}" for n in sizes) + " |",
+        "|---|" + "---:|" * len(sizes),
+    ]
+    rank = {name: i for i, name in enumerate(RUNTIME_ORDER)}
+    for dtype in sorted(measured, key=lambda d: (rank.get(d, len(rank)), d)):
+        curve = measured[dtype]
+        by_size = dict(zip(curve["sizes"], curve["relative"], strict=True))
+        cells = [f"{by_size[n]:.2f}x" if n in by_size else "" for n in sizes]
+        runtime = "llama.cpp" if dtype == "llamacpp" else dtype
+        lines.append(f"| {runtime} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def results_block(readme: Path) -> tuple[str, int, int]:

@@ -180,6 +180,8 @@ def command_line(args: argparse.Namespace) -> str:
     for flag in ("split", "temperatures", "max_tokens", "repeats", "k", "policies", "systems"):
         parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     parts += ["--prompt-lookup-tokens", str(args.prompt_lookup_tokens), "--seed", str(args.seed)]
+    if args.no_plots:
+        parts.append("--no-plots")
     parts += ["--out", str(args.out)]
     return shlex.join(parts)
 
