@@ -62,10 +62,12 @@ def test_the_readme_quick_start_runs(
             _serve(command, tmp_path)
             continue
         assert main(command[1:]) == 0, shlex.join(command)
-        out = capsys.readouterr().out
-        if command[1] == "export":
-            assert "--draft-max" in out  # llama-server's speculative flags
-    assert json.loads((tmp_path / "my-select" / "select.json").read_text())["recommendation"]
+        capsys.readouterr()
+    advice = json.loads((tmp_path / "my-advice" / "advice.json").read_text())
+    verdict = advice["verdict"]
+    assert verdict["summary"].startswith(("speculate with", "do not speculate"))
+    if verdict["speculate"]:  # the winner's llama-server flags
+        assert (tmp_path / "my-advice" / advice["outputs"]["export"]).read_text().strip()
 
 
 def _serve(command: list[str], folder: Path) -> None:
