@@ -42,16 +42,24 @@ def write_gguf(path: Path, model: LlamaLM, layer_type: Q, *, vocabulary: bool = 
     writer.add_vocab_size(cfg.vocab_size)
     if vocabulary:
         special = ["<unk>", "<s>", "</s>"]
-        tokens = special + [f"t{i}" for i in range(len(special), cfg.vocab_size)]
+        # With room for them, the 256 byte tokens: llama.cpp's tokenizer then takes any text
+        # (byte fallback), as llama-server's text endpoints need.
+        byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if cfg.vocab_size >= 259 else []
+        head = special + byte_tokens
+        tokens = head + [f"t{i}" for i in range(len(head), cfg.vocab_size)]
         writer.add_tokenizer_model("llama")
         writer.add_token_list(tokens)
         writer.add_token_scores([0.0] * len(tokens))
         writer.add_token_types(
             [gguf.TokenType.CONTROL] * len(special)
-            + [gguf.TokenType.NORMAL] * (len(tokens) - len(special))
+            + [gguf.TokenType.BYTE] * len(byte_tokens)
+            + [gguf.TokenType.NORMAL] * (len(tokens) - len(head))
         )
         writer.add_bos_token_id(1)
         writer.add_eos_token_id(2)
+        writer.add_chat_template(  # plain turns, so that llama-server's chat endpoint works
+            "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        )
 
     def add(name: str, values: torch.Tensor, kind: Q) -> None:
         array = values.detach().float().numpy()
