@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
-import shutil
 import socket
-import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +16,7 @@ import openai
 import pytest
 
 from spectune.cli import main
+from spectune.cli.tune_llamacpp import default_server_binary
 from spectune.cli.watch import metrics_url
 from spectune.drafters.model import ModelDrafter
 from spectune.errors import InvalidParameterError
@@ -64,8 +62,19 @@ def test_sglang_reader_gives_the_fixtures_gauges() -> None:
     assert Watcher().observe(read_exposition(only_length)).acceptance is None  # no K given
 
 
-def test_llamacpp_reader_says_its_metrics_hold_no_draft_counts() -> None:
+def test_llamacpp_reader_gives_the_recorded_servers_totals() -> None:
     reading = read_exposition(fixture("llamacpp"))
+    assert reading.engine == "llamacpp" and reading.k == 4 and reading.counts is not None
+    c = reading.counts
+    assert (c.steps, c.positions, c.accepted) == (70, 276, 17)
+    assert c.accepted_at == [14, 3, 0, 0] and c.tested_at == [70] * 4
+    report = Watcher().observe(reading)
+    assert report.acceptance == pytest.approx(17 / 276)
+    assert report.advice is not None  # 6% acceptance: below the disable line
+
+
+def test_an_older_llamacpp_says_its_metrics_hold_no_draft_counts() -> None:
+    reading = read_exposition(fixture("llamacpp-nodraft"))
     assert reading.engine == "llamacpp" and reading.counts is None
     assert "no draft counts" in reading.notes[0]
     report = Watcher().observe(reading)
@@ -280,53 +289,41 @@ def test_spectunes_own_draft_time_sets_the_draft_cost() -> None:
 
 
 def llama_server_binary() -> str | None:
-    return os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+    found = default_server_binary()
+    return None if found is None else str(found)
 
 
 @pytest.mark.skipif(
     llama_server_binary() is None,
-    reason="no llama-server binary (set LLAMA_SERVER or put it on PATH)",
+    reason="no llama-server binary (set LLAMA_SERVER, put it on PATH, or run "
+    "scripts/build-llama-server.sh)",
 )
-def test_watch_reads_a_real_llama_server(
+def test_watch_on_a_real_llama_server_with_a_draft_agrees_with_its_responses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gguf_files import Q, write_gguf
+    from spectune.control.llamacpp import llama_server
     from spectune.models.toy import toy_config, toy_model
 
-    model = tmp_path / "toy.gguf"
-    write_gguf(
-        model,
-        toy_model(5, config=toy_config(vocab_size=96, hidden_size=64)),
-        Q.Q8_0,
-        vocabulary=True,
-    )
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    for path, seed, hidden in ((target, 5, 64), (draft, 6, 32)):
+        config = toy_config(vocab_size=320, hidden_size=hidden)
+        write_gguf(path, toy_model(seed, config=config), Q.Q8_0, vocabulary=True)
     binary = llama_server_binary()
     assert binary is not None
-    server = subprocess.Popen(
-        [binary, "-m", str(model), "--metrics", "--port", str(port), "-c", "256", "-t", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):  # until it has loaded the model (a readiness wait, not a timing)
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, "llama-server exited"
-            threading.Event().wait(0.1)
-        reply = httpx.post(url + "/completion", json={"prompt": "a b", "n_predict": 4}, timeout=60)
-        timings = reply.json().get("timings", {})
+    spec = ("--spec-type", "draft-simple", "--spec-draft-model", str(draft))
+    drafted = accepted = 0
+    with llama_server(Path(binary), target, spec, threads=1, context=512) as url:
+        for prompt in ("a b c", "hello there", "one two one two"):
+            body = {"prompt": prompt, "n_predict": 16, "ignore_eos": True, "temperature": 0}
+            timings = httpx.post(url + "/completion", json=body, timeout=60).json()["timings"]
+            one = counts_of_timings(timings)
+            drafted, accepted = drafted + one.positions, accepted + one.accepted
         assert main(["watch", url, "--once", "--json"]) == 0
-    finally:
-        server.terminate()
-        server.wait(30)
+    assert drafted > 0
     report = json.loads(capsys.readouterr().out)
-    assert report["engine"] == "llamacpp" and report["acceptance_rate"] is None
-    assert any("timings" in note for note in report["notes"])
-    assert counts_of_timings(timings).positions == timings.get("draft_n", 0)
+    assert report["engine"] == "llamacpp" and report["window"] == "since start"
+    assert (report["draft_tokens"], report["accepted"]) == (drafted, accepted)
+    assert report["acceptance_rate"] == pytest.approx(accepted / drafted)
+    assert report["checks"]["acceptance rate"]["status"] != "n/a"
+    assert report["advice"]["current_k"] == 3  # llama.cpp's default --spec-draft-n-max

@@ -10,8 +10,11 @@ engines' sources; tests/fixtures/watch/ holds one exposition of each):
                 every position, so positions tested = draft tokens. No draft time, no fallback.
 - ``sglang``    gauges only: ``sglang:spec_accept_rate`` and ``sglang:spec_accept_length``,
                 the last batch's values. No counters, so no window and no per position.
-- ``llamacpp``  ``llama-server --metrics``: ``llamacpp:tokens_predicted_total``,
-                ``llamacpp:n_decode_total``... but no draft counts. Draft counts come only
+- ``llamacpp``  ``llama-server --metrics``: vLLM's counters under the ``llamacpp:`` prefix
+                (``llamacpp:spec_decode_num_drafts_total`` ... ``_per_pos_total{position}``,
+                one label per position up to ``--spec-draft-n-max``), beside
+                ``llamacpp:tokens_predicted_total``. Builds older than the llama.cpp that
+                llama-cpp-python 0.3.36 vendors export no draft counts; there they come only
                 with each response, in ``timings.draft_n`` / ``timings.draft_n_accepted``
                 (``counts_of_timings``).
 - ``spectune``  ``spectune serve``'s ``spectune_spec_decode_*``: every count ``SpecCounts``
@@ -115,16 +118,15 @@ def _missing(engine: str, what: str) -> EndpointError:
     return EndpointError(f"the {engine} metrics hold no {what}")
 
 
-def read_vllm(ex: Exposition) -> EngineReading:
-    p = "vllm:spec_decode_"
+def _vllm_style(ex: Exposition, prefix: str) -> tuple[SpecCounts, int | None] | None:
+    """vLLM's four ``spec_decode`` counters under ``prefix`` (llama.cpp exports the same
+    names); None when the three totals are not all there."""
+    p = f"{prefix}spec_decode_"
     drafts = ex.total(f"{p}num_drafts_total", f"{p}num_drafts")
     draft_tokens = ex.total(f"{p}num_draft_tokens_total", f"{p}num_draft_tokens")
     accepted = ex.total(f"{p}num_accepted_tokens_total", f"{p}num_accepted_tokens")
     if drafts is None or draft_tokens is None or accepted is None:
-        raise _missing(
-            "vLLM",
-            "vllm:spec_decode_* counters: is speculative decoding on (--speculative-config)?",
-        )
+        return None
     per_pos = ex.by_label(f"{p}num_accepted_tokens_per_pos_total", "position") or ex.by_label(
         f"{p}num_accepted_tokens_per_pos", "position"
     )
@@ -132,12 +134,23 @@ def read_vllm(ex: Exposition) -> EngineReading:
     counts = SpecCounts(
         steps=_count(drafts),
         num_draft_tokens=_count(draft_tokens),
-        positions=_count(draft_tokens),  # a vLLM draft tests all of its tokens
+        positions=_count(draft_tokens),  # a draft tests all of its tokens
         accepted=_count(accepted),
     )
     if k is not None:
         counts.tested_at = [_count(drafts)] * k
         counts.accepted_at = [_count(per_pos.get(j)) for j in range(k)]
+    return counts, k
+
+
+def read_vllm(ex: Exposition) -> EngineReading:
+    found = _vllm_style(ex, "vllm:")
+    if found is None:
+        raise _missing(
+            "vLLM",
+            "vllm:spec_decode_* counters: is speculative decoding on (--speculative-config)?",
+        )
+    counts, k = found
     return EngineReading(
         "vllm",
         counts,
@@ -169,13 +182,23 @@ def read_sglang(ex: Exposition) -> EngineReading:
 def read_llamacpp(ex: Exposition) -> EngineReading:
     if ex.total("llamacpp:tokens_predicted_total") is None:
         raise _missing("llama.cpp", "llamacpp:tokens_predicted_total (is --metrics on?)")
+    found = _vllm_style(ex, "llamacpp:")
+    if found is None:  # a build from before llama-server counted drafts
+        return EngineReading(
+            "llamacpp",
+            None,
+            notes=(
+                "this llama-server's /metrics holds no draft counts (an older build); each "
+                "response's timings.draft_n / draft_n_accepted does",
+            ),
+        )
+    counts, k = found
     return EngineReading(
         "llamacpp",
-        None,
-        notes=(
-            "llama-server's /metrics holds no draft counts; each response's "
-            "timings.draft_n / draft_n_accepted does",
-        ),
+        counts,
+        frozenset({"per_position"} if k is not None else set()),
+        k=k,
+        notes=("llama-server exports no draft time and no fallback counts",),
     )
 
 
