@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from spectune.cli.common import add_model_args, parse_numbers
+from spectune.cli.tune_llamacpp import add_args as add_llamacpp_args
+from spectune.cli.tune_llamacpp import run_llamacpp
 from spectune.cli.tune_report import print_summary, report_data, report_markdown
 from spectune.control.config import PolicySpec, load_policy_file
 from spectune.control.crossover import runtime_of
@@ -73,10 +75,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--record-trace", default=None, help="also write the dev decoding as a step trace"
     )
-    parser.add_argument("--out", type=Path, default=Path("tuned-policy.toml"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="policy file (default: tuned-policy.toml; llamacpp-flags.json with --engine llamacpp)",
+    )
     parser.add_argument(
         "--report", type=Path, default=None, help="markdown report (default: OUT with .md)"
     )
+    add_llamacpp_args(parser)
     parser.set_defaults(run=run)
 
 
@@ -138,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
 
     from spectune.control.workload import fit_costs, fit_workload
 
+    if args.engine == "llamacpp":
+        return run_llamacpp(args)
+    args.out = args.out or Path("tuned-policy.toml")
     temperatures = check_args(args)
     console = Console()  # progress and notes on stdout: stderr keeps one line per error
     report_path = args.report or args.out.with_suffix(".md")

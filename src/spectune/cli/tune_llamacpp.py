@@ -1,0 +1,202 @@
+"""``spectune tune --engine llamacpp``: measure a real ``llama-server``'s speculation flags on
+the prompts and keep the fastest (``spectune.control.llamacpp``); writes the flags as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+from spectune.cli.common import parse_numbers
+from spectune.errors import InvalidParameterError
+
+__all__ = ["add_args", "default_server_binary", "run_llamacpp"]
+
+BUILT_BINARY = Path("build/llama.cpp/cmake/bin/llama-server")  # scripts/build-llama-server.sh
+
+
+def default_server_binary() -> Path | None:
+    """``$LLAMA_SERVER``, else ``llama-server`` on PATH, else the one the build script made."""
+    named = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+    if named:
+        return Path(named)
+    return BUILT_BINARY if BUILT_BINARY.is_file() else None
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "--engine llamacpp", "measure llama-server's own speculation flags instead"
+    )
+    group.add_argument(
+        "--engine",
+        choices=("spectune", "llamacpp"),
+        default="spectune",
+        help="spectune: fit spectune's K policy (default); llamacpp: start llama-server with "
+        "each flag set and keep the fastest measured",
+    )
+    group.add_argument(
+        "--server-binary",
+        type=Path,
+        default=None,
+        help="llama-server to run (default: $LLAMA_SERVER, llama-server on PATH, or "
+        f"{BUILT_BINARY} from scripts/build-llama-server.sh)",
+    )
+    group.add_argument(
+        "--n-max", default="1,2,3,4,6,8", help="--spec-draft-n-max values (1,2,3,4,6,8)"
+    )
+    group.add_argument("--p-min", default="0,0.5,0.8", help="--spec-draft-p-min values (0,0.5,0.8)")
+    group.add_argument(
+        "--no-ngram", action="store_true", help="leave out ngram-simple prompt lookup"
+    )
+    group.add_argument(
+        "--rounds", type=int, default=2, help="interleaved rounds of the confirmation (2)"
+    )
+    group.add_argument(
+        "--finalists",
+        type=int,
+        default=3,
+        help="best screened flag sets confirmed beside off and llama.cpp's defaults (3)",
+    )
+
+
+def _draft_file(draft: str | None, target: Path) -> Path | None:
+    """The draft as a GGUF llama.cpp loads: a .gguf as given, a ``distill --kind lm`` folder
+    converted once (cached), 'ngram' or None: no draft model."""
+    if draft in (None, "ngram"):
+        return None
+    path = Path(draft)
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    if path.is_dir():
+        from spectune.models.cache_dir import derived_path
+        from spectune.models.gguf_write import write_draft_gguf
+
+        out = derived_path(path / "model.safetensors", "llamacpp-draft").with_suffix(".gguf")
+        if not out.is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            partial = out.with_suffix(".partial")
+            write_draft_gguf(path, target, partial)
+            partial.replace(out)
+        return out
+    raise InvalidParameterError(
+        f"--draft {draft}: llama.cpp takes a draft model as a .gguf file or a "
+        "spectune distill --kind lm folder (or 'ngram' for prompt lookup only)"
+    )
+
+
+def _check(args: argparse.Namespace) -> tuple[Path, Path, list[int], list[float]]:
+    from spectune.models.loading import resolve_model_path
+
+    binary = args.server_binary or default_server_binary()
+    if binary is None or not binary.is_file():
+        raise InvalidParameterError(
+            f"no llama-server at {binary}; build one with scripts/build-llama-server.sh or "
+            "give --server-binary"
+            if binary is not None
+            else "no llama-server found; build one with scripts/build-llama-server.sh, or give "
+            "--server-binary / set LLAMA_SERVER"
+        )
+    if args.trace:
+        raise InvalidParameterError("--engine llamacpp replays prompts, not --trace files")
+    if args.draft == "none":
+        raise InvalidParameterError("tuning needs a drafter (--draft: a .gguf, a folder, ngram)")
+    if parse_numbers(args.temperatures, float, "--temperatures") != (0.0,):
+        raise InvalidParameterError("--engine llamacpp measures greedy decoding (--temperatures 0)")
+    n_max = list(parse_numbers(args.n_max, int, "--n-max"))
+    p_min = list(parse_numbers(args.p_min, float, "--p-min"))
+    if any(n < 1 for n in n_max) or any(not 0 <= p <= 1 for p in p_min):
+        raise InvalidParameterError("--n-max values must be >= 1 and --p-min values in [0, 1]")
+    for name in ("rounds", "finalists", "confirm_prompts", "limit_per_category"):
+        if getattr(args, name) < 1:
+            raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.max_tokens < 2:
+        raise InvalidParameterError(f"--max-tokens must be >= 2, got {args.max_tokens}")
+    target = resolve_model_path(args.target)
+    if target.suffix != ".gguf":
+        raise InvalidParameterError(f"--target {args.target}: llama-server loads a .gguf file")
+    return binary, target, n_max, p_min
+
+
+def run_llamacpp(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from spectune.cli.tune import _round_robin, _write
+    from spectune.control.llamacpp import flag_grid, tune_llamacpp
+    from spectune.prompts import load_prompts
+
+    binary, target, n_max, p_min = _check(args)
+    out: Path = args.out or Path("llamacpp-flags.json")
+    if out.is_dir():
+        raise InvalidParameterError(f"{out} is a folder; give a file name")
+    categories = tuple(c.strip() for c in args.categories.split(",")) if args.categories else None
+    screen = load_prompts(
+        args.prompts, categories=categories, split="dev", limit_per_category=args.limit_per_category
+    )
+    confirm = _round_robin(
+        load_prompts(args.prompts, categories=categories, split="test"), args.confirm_prompts
+    )
+    draft = _draft_file(args.draft, target)
+    candidates = flag_grid(draft, n_max, p_min, ngram=not args.no_ngram)
+    if len(candidates) < 2:
+        raise InvalidParameterError("nothing to tune: no draft model and --no-ngram")
+    threads = args.threads or os.cpu_count() or 1
+    console = Console()
+    console.print(
+        f"{len(candidates)} llama-server flag sets on {target.name}, {threads} thread(s) each; "
+        f"screening on {len(screen)} dev prompts, confirming the best {args.finalists} with off "
+        f"and llama.cpp's defaults on {len(confirm)} test prompts x {args.rounds} rounds, "
+        f"{args.max_tokens} tokens each"
+    )
+    requests = len(candidates) * len(screen) + (args.finalists + 2) * len(confirm) * args.rounds
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("starting servers", total=requests)
+        result = tune_llamacpp(
+            binary,
+            target,
+            candidates,
+            screen,
+            confirm,
+            max_tokens=args.max_tokens,
+            rounds=args.rounds,
+            finalists=args.finalists,
+            threads=threads,
+            on_start=lambda c: bar.update(task, description=f"starting: {c.name}"),
+            progress=lambda: bar.update(task, advance=1, description="replaying prompts"),
+        )
+    data = result.to_json()
+    winner = result.winner
+    data["command"] = shlex.join(["llama-server", "--model", str(target), *winner["args"]])
+    data["written_by"] = args.command_line
+    _write(out, json.dumps(data, indent=2) + "\n")
+    _table(console, "screening (dev prompts, one pass)", result.screen)
+    _table(console, "confirmation (held-apart test prompts, interleaved)", result.confirm)
+    console.print(result.verdict)
+    console.print(f"flags: {data['command']}")
+    console.print(f"wrote {out}")
+    return 0
+
+
+def _table(console: Any, title: str, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("flags", no_wrap=True)
+    for column in ("tokens/s", "vs off", "accepted", "greedy = off"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+        if row["speedup_spread"] is not None:
+            speedup += f" ±{row['speedup_spread']:.2f}"
+        table.add_row(
+            row["name"],
+            f"{row['tokens_per_second']:.1f}",
+            speedup,
+            "-" if row["acceptance"] is None else f"{row['acceptance']:.0%}",
+            f"{row['greedy_equal']}/{row['requests']}",
+        )
+    console.print(table)
