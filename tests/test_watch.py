@@ -302,7 +302,7 @@ def test_watch_on_a_real_llama_server_with_a_draft_agrees_with_its_responses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gguf_files import Q, write_gguf
-    from spectune.control.llamacpp import llama_server
+    from spectune.bench.llama_server import llama_server
     from spectune.models.toy import toy_config, toy_model
 
     target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"

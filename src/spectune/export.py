@@ -325,8 +325,9 @@ def to_llamacpp(tuning: Tuning) -> ExportPlan:
             notes.append(f"the draft is named '{tuning.draft}'; replace it with its GGUF file")
         elif not tuning.draft.endswith(".gguf"):
             notes.append(
-                f"llama.cpp loads drafts as GGUF files: convert {tuning.draft} with llama.cpp's "
-                "convert_hf_to_gguf.py"
+                f"llama.cpp loads drafts as GGUF files: a spectune distill --kind lm folder "
+                f"is converted by spectune tune --engine llamacpp --draft {tuning.draft} "
+                "(which also measures the flags); others with llama.cpp's convert_hf_to_gguf.py"
             )
     if not tuning.target.endswith(".gguf"):
         notes.append(f"llama.cpp loads the target as a GGUF file, not {tuning.target}")

@@ -1,5 +1,5 @@
 """``spectune tune --engine llamacpp``: measure a real ``llama-server``'s speculation flags on
-the prompts and keep the fastest (``spectune.control.llamacpp``); writes the flags as JSON."""
+the prompts and keep the fastest (``spectune.bench.llama_server``); writes the flags as JSON."""
 
 from __future__ import annotations
 
@@ -125,8 +125,8 @@ def run_llamacpp(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
+    from spectune.bench.llama_server import flag_grid, tune_llamacpp
     from spectune.cli.tune import _round_robin, _write
-    from spectune.control.llamacpp import flag_grid, tune_llamacpp
     from spectune.prompts import load_prompts
 
     binary, target, n_max, p_min = _check(args)
