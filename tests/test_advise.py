@@ -165,6 +165,36 @@ def test_scripted_drafters_with_known_acceptance(toy_target: LlamaLM) -> None:
     assert not verdict.speculate and verdict.summary == DO_NOT_SPECULATE
 
 
+def test_a_tuned_threshold_policy_follows_the_drafters_acceptance(toy_target: LlamaLM) -> None:
+    from spectune.advise.advisor import _tuned
+
+    vocab = toy_target.info.vocab_size
+    oracle = ScriptedDrafter(lambda ctx, k: _greedy(toy_target, ctx, k), vocab_size=vocab)
+    wrong = ScriptedDrafter(
+        lambda ctx, k: [(t + 1) % vocab for t in _greedy(toy_target, ctx, k)], vocab_size=vocab
+    )
+    target = Loaded(toy_target, _NoTokenizer(), Path("."))  # type: ignore[arg-type]
+    settings = AdviseSettings(temperatures=(0.0,), max_tokens=16, max_k=6)
+    base = predict_config("oracle", 1.0, 1.0, 0.05, FLAT, 2)
+    recorded: list[None] = []
+    good = _tuned(target, base, oracle, _prompts(4), FLAT, settings, lambda: recorded.append(None))
+    assert len(recorded) == 4  # one recording per fitting prompt, at K = max_k
+    assert good.policy is not None and good.policy.name == "threshold"
+    assert good.label == "oracle tuned" and good.k >= 2
+    # Verification as cheap as one step and every draft kept: the replay says it pays.
+    assert good.predicted_speedup > 1.5
+    bad = _tuned(target, base, wrong, _prompts(4), FLAT, settings, lambda: None)
+    assert bad.predicted_speedup < good.predicted_speedup and bad.predicted_speedup <= 1.05
+    run = verify_interleaved(
+        toy_target,
+        [(good.label, oracle, good.k)],
+        [p[2] for p in _prompts(2, seed=1)],
+        12,
+        policies={good.label: good.policy},
+    )[0]
+    assert run.counts.acceptance_rate == 1.0 and run.counts.steps > 0
+
+
 # --- end to end on a toy pair ------------------------------------------------------------
 
 
@@ -194,6 +224,10 @@ def test_untrained_draft_gets_do_not_speculate(toy_target: LlamaLM, tmp_path: Pa
     assert {row["rule"] for row in data["checklist"]} >= {"draft latency share", "fallback steps"}
     assert data["verdict"]["speculate"] is False
     assert data["candidates"][0]["size_verdict"]
+    tuned = [c for c in data["configurations"] if c["policy"] == "threshold"]
+    assert len(tuned) == 1 and tuned[0]["measured_speedup"] is not None  # fitted and verified
+    assert tuned[0]["label"].endswith(" tuned") and tuned[0]["policy_options"]["max_k"] >= 1
+    assert data["settings"]["tune_policy"] is True
     assert isinstance(advice, Advice)
 
 

@@ -9,17 +9,21 @@ Steps:
    (the survival curve of its draft positions).
 4. Predict every (drafter, K) configuration's speedup and break-even acceptances
    (``spectune.advise.predict``).
-5. Verify the top configurations on the held-apart half: interleaved runs against plain
-   decoding (``spectune.advise.measure``), predicted vs measured.
-6. The verdict (``spectune.advise.verdict``) and the health checklist on the winner (or the
+5. Fit a ``threshold`` policy for the best predicted drafter: the fitting half decoded at
+   K = ``max_k`` and replayed through candidate thresholds (``spectune tune``'s search,
+   ``spectune.control.tune``).
+6. Verify the top configurations and the tuned policy on the held-apart half: interleaved
+   runs against plain decoding (``spectune.advise.measure``), predicted vs measured.
+7. The verdict (``spectune.advise.verdict``) and the health checklist on the winner (or the
    best measured configuration when nothing wins).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -30,7 +34,12 @@ from spectune.advise.verdict import CheckRow, checklist, decide
 from spectune.control.costs import CostCurve
 from spectune.drafters.base import Drafter
 from spectune.drafters.pairing import Loaded
-from spectune.errors import IncompatibleModelsError, InvalidParameterError, PromptError
+from spectune.errors import (
+    IncompatibleModelsError,
+    InvalidParameterError,
+    PromptError,
+    SpectuneError,
+)
 from spectune.models.quant import PRECISIONS, Precision
 from spectune.select.candidates import resolve_candidate
 from spectune.select.selector import CandidateResult, SelectSettings, select
@@ -52,6 +61,7 @@ class AdviseSettings:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     runtime: str = "auto"
     trust_draft_vocab: bool = False
+    tune_policy: bool = True  # also fit and verify a threshold policy (step 5)
 
     def __post_init__(self) -> None:
         if not self.temperatures:
@@ -110,6 +120,42 @@ def _configs(
         for k in range(1, max_k + 1)
     ]
     return sorted(every, key=lambda p: p.predicted_speedup, reverse=True)[:2]
+
+
+def _tuned(
+    target: Loaded,
+    base: ConfigPrediction,
+    drafter: Drafter,
+    fit: Sequence[PromptRow],
+    curve: CostCurve,
+    settings: AdviseSettings,
+    on_request: Callable[[], None],
+) -> ConfigPrediction:
+    """``base``'s drafter under the ``threshold`` policy ``spectune tune`` fits on the fitting
+    half recorded at K = ``max_k`` (greedy, as the verification runs); its prediction is the
+    search's replay of that workload against plain decoding's."""
+    from spectune.control.tune import params_spec, search
+    from spectune.control.workload import fit_costs, fit_workload
+    from spectune.monitor.recording import record_fixed_k
+
+    requests = record_fixed_k(
+        target.model,
+        drafter,
+        [(row[0], row[2]) for row in fit],
+        settings.max_k,
+        settings.max_tokens,
+        (0.0,),
+        on_request=on_request,
+    )
+    result = search(fit_workload(requests), fit_costs(requests, curve))
+    k = int(result.best["initial_k"])
+    return replace(
+        base,
+        k=k,
+        verify_cost=curve.relative(k),
+        predicted_speedup=result.predicted.tokens_per_second / result.plain.tokens_per_second,
+        policy=params_spec(result.best),
+    )
 
 
 def _chosen(predictions: Sequence[ConfigPrediction], top: int) -> list[ConfigPrediction]:
@@ -223,8 +269,26 @@ def advise(
         for result in compatible
         for p in _configs(result, curve, decision, settings.max_k, survivals.get(result.spec))
     ]
-    # 5. Verify the top configurations against plain decoding, interleaved.
     chosen = _chosen(predictions, settings.top)
+    # 5. A tuned threshold policy for the best predicted drafter.
+    if settings.tune_policy and chosen:
+        recorded = itertools.count(1)
+
+        def record_done() -> None:
+            if on_progress is not None:
+                step = f"tuning a threshold policy (recorded at K={settings.max_k})"
+                on_progress(step, next(recorded), len(fit))
+
+        try:
+            tuned = _tuned(
+                target, chosen[0], drafters[chosen[0].drafter], fit, curve, settings, record_done
+            )
+        except SpectuneError as exc:  # e.g. a drafter that never drafted on the fitting half
+            notes.append(f"no threshold policy fitted for {chosen[0].drafter}: {exc}")
+        else:
+            predictions.append(tuned)
+            chosen.append(tuned)
+    # 6. Verify the chosen configurations against plain decoding, interleaved.
 
     def prompt_done(done: int, total: int) -> None:
         if on_progress is not None:
@@ -236,6 +300,7 @@ def advise(
         [(p.label, drafters[p.drafter], p.k) for p in chosen],
         [row[2] for row in held],
         settings.max_tokens,
+        policies={p.label: p.policy for p in chosen if p.policy is not None},
         on_prompt=prompt_done,
     )
     run_of = {r.label: r for r in runs}
@@ -243,7 +308,7 @@ def advise(
         ConfigResult(p, run_of.get(p.label))
         for p in sorted(predictions, key=lambda p: p.predicted_speedup, reverse=True)
     )
-    # 6. Judge.
+    # 7. Judge.
     verdict = decide(predictions, runs)
     rows: list[CheckRow] = []
     if runs:
@@ -263,6 +328,7 @@ def advise(
             "top": settings.top,
             "max_k": settings.max_k,
             "precision": settings.precision.name,
+            "tune_policy": settings.tune_policy,
         },
         candidates=tuple(_check(r, survivals.get(r.spec), decision) for r in measured.candidates),
         configurations=results,

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from spectune.control.config import PolicySpec
 from spectune.drafters.base import Drafter
 from spectune.models.base import LanguageModel
 from spectune.records import SpecCounts
@@ -79,21 +80,25 @@ def verify_interleaved(
     prompts: Sequence[list[int]],
     max_tokens: int,
     *,
+    policies: Mapping[str, PolicySpec] | None = None,  # label -> a policy instead of fixed K
     on_prompt: Callable[[int, int], None] | None = None,
 ) -> list[VerifiedRun]:
     """Run plain decoding and every configuration on each prompt in turn (greedy)."""
+    policies = policies or {}
     if prompts:  # warm-up at every configuration, not counted
         measure_runs(target, None, prompts[:1], 0, 4)
-        for _, drafter, k in configs:
-            measure_runs(target, drafter, prompts[:1], k, 4)
+        for label, drafter, k in configs:
+            measure_runs(target, drafter, prompts[:1], k, 4, policy=policies.get(label))
     counts = [SpecCounts() for _ in configs]
     plain_total = SpecCounts()
     ratios: list[list[float]] = [[] for _ in configs]
     for i, prompt in enumerate(prompts):
         plain = measure_runs(target, None, [prompt], 0, max_tokens).counts
         plain_total.merge(plain)
-        for j, (_, drafter, k) in enumerate(configs):
-            run = measure_runs(target, drafter, [prompt], k, max_tokens).counts
+        for j, (label, drafter, k) in enumerate(configs):
+            run = measure_runs(
+                target, drafter, [prompt], k, max_tokens, policy=policies.get(label)
+            ).counts
             counts[j].merge(run)
             if run.tokens_per_second and plain.tokens_per_second:
                 ratios[j].append(run.tokens_per_second / plain.tokens_per_second)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spectune.advise.measure import Survival
+from spectune.control.config import PolicySpec
 from spectune.control.costs import CostCurve, break_even_acceptance, predicted_speedup
 
 __all__ = ["ConfigPrediction", "predict_config", "speedup_from_survival"]
@@ -29,7 +30,8 @@ __all__ = ["ConfigPrediction", "predict_config", "speedup_from_survival"]
 
 @dataclass(frozen=True)
 class ConfigPrediction:
-    """One configuration: a drafter at a fixed K, and what the cost model says of it."""
+    """One configuration: a drafter at a fixed K (or under a tuned ``threshold`` policy that
+    starts at K), and what the cost model says of it."""
 
     drafter: str  # the candidate spec
     k: int
@@ -40,10 +42,12 @@ class ConfigPrediction:
     predicted_speedup: float  # from the survival curve where measured, else i.i.d. alpha
     iid_speedup: float  # the i.i.d. formula at ``alpha``
     break_even: dict[int, float | None]  # K -> alpha where S(K) = 1 (None: never)
+    policy: PolicySpec | None = None  # a tuned policy (None: fixed K); its prediction is the
+    # replay of the recorded workload (``spectune.control.tune``)
 
     @property
     def label(self) -> str:
-        return f"{self.drafter} K={self.k}"
+        return f"{self.drafter} K={self.k}" if self.policy is None else f"{self.drafter} tuned"
 
 
 def predict_config(

@@ -62,7 +62,8 @@ class ConfigResult:
         out: dict[str, Any] = {
             "label": p.label,
             "drafter": p.drafter,
-            "policy": "fixed",
+            "policy": "fixed" if p.policy is None else p.policy.name,
+            "policy_options": {} if p.policy is None else dict(p.policy.options),
             "k": p.k,
             "alpha": p.alpha,
             "coverage": p.coverage,

@@ -38,12 +38,14 @@ ENGINES = {
     "llamacpp": "llamacpp",
 }
 # Flags whose default --quick changes (fewer prompts and tokens, one temperature, the top 2
-# verified): dest -> (default, with --quick). A flag given on the command line wins.
+# verified, no tuned policy): dest -> (default, with --quick). A flag given on the command
+# line wins.
 SCALED: dict[str, tuple[Any, Any]] = {
     "per_category": (4, 2),
     "max_tokens": (48, 24),
     "temperatures": ("0,0.7", "0"),
     "top": (3, 2),
+    "tune": (True, False),
 }
 
 
@@ -93,7 +95,22 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--top", type=int, default=None, help=_scaled_help("top", "configurations verified")
     )
-    parser.add_argument("--max-k", type=int, default=8)
+    parser.add_argument(
+        "--max-k",
+        type=int,
+        default=8,
+        help="largest K predicted, and the K the tuned policy's workload is recorded at (8)",
+    )
+    parser.add_argument(
+        "--tune",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=_scaled_help(
+            "tune",
+            "also fit a threshold policy for the best predicted drafter (spectune tune's "
+            "search on the fitting half, recorded at --max-k) and verify it beside the fixed K",
+        ),
+    )
     parser.add_argument(
         "--engine",
         default="spectune",
@@ -102,7 +119,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="fewer prompts and tokens, temperature 0 only, the top 2 verified",
+        help="fewer prompts and tokens, temperature 0 only, the top 2 verified, no tuned policy",
     )
     parser.add_argument(
         "--trust-draft-vocab",
@@ -144,6 +161,7 @@ def _settings(args: argparse.Namespace) -> tuple[AdviseSettings, int]:
         device=device,
         runtime=args.runtime,
         trust_draft_vocab=args.trust_draft_vocab,
+        tune_policy=args.tune,
     )
     return settings, args.per_category
 
@@ -215,11 +233,8 @@ def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:
             r.prediction for r in advice.configurations if r.prediction.label == verdict.winner
         )
         policy = args.out / "policy.toml"
-        policy.write_text(
-            policy_toml(
-                PolicySpec("fixed", {"k": best.k}), (f"spectune advise: {verdict.summary}",)
-            )
-        )
+        spec = best.policy or PolicySpec("fixed", {"k": best.k})
+        policy.write_text(policy_toml(spec, (f"spectune advise: {verdict.summary}",)))
         outputs["policy"] = policy.name
         engine = ENGINES[args.engine]
         if engine == "spectune":
@@ -229,7 +244,13 @@ def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:
             )
         else:
             plan = export(Tuning(best.drafter, best.k, target=args.target, source="advise"), engine)
-            command = "\n".join([plan.command, *(f"# {n}" for n in plan.notes)])
+            notes = list(plan.notes)
+            if best.policy is not None:
+                notes.append(
+                    f"{engine} takes a fixed K: the tuned policy's starting K ({best.k}); the "
+                    "policy itself adapts K only in spectune (policy.toml)"
+                )
+            command = "\n".join([plan.command, *(f"# {n}" for n in notes)])
         path = args.out / f"export-{args.engine}.txt"
         path.write_text(command + "\n")
         outputs["export"] = path.name

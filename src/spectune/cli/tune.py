@@ -263,20 +263,14 @@ class _Recording:
         """Decode the dev prompts at the fixed record K; measure the verification curve."""
         from rich.progress import Progress
 
-        from spectune.bench.runner import prompt_seed
-        from spectune.control.base import FixedK
         from spectune.control.costs import measure_forward_curve
         from spectune.control.workload import fit_costs
-        from spectune.decode.engine import SpeculativeEngine
         from spectune.monitor.hub import Monitor
+        from spectune.monitor.recording import record_fixed_k
         from spectune.monitor.trace import TraceWriter
-        from spectune.sampling import SamplingParams
 
         args = self.args
-        engine = SpeculativeEngine(self.target.model, self.drafter)
         trace = TraceWriter(args.record_trace) if args.record_trace else None
-        monitor = Monitor(trace=trace)
-        requests = []
         total = len(self.dev) * len(self.temperatures)
         try:
             with Progress(console=self.console) as progress:
@@ -286,21 +280,17 @@ class _Recording:
                 curve = measure_forward_curve(self.target.model, sizes, repeats=3)
                 progress.update(task, total=1, completed=1)
                 task = progress.add_task(f"decoding dev prompts at K={args.record_k}", total=total)
-                for temperature in self.temperatures:
-                    for index, prompt in enumerate(self.dev):
-                        params = SamplingParams(
-                            temperature=temperature,
-                            max_tokens=args.max_tokens,
-                            seed=prompt_seed(args.seed, index),
-                        )
-                        info = {"temperature": temperature, "prompt": prompt.id}
-                        watch = monitor.request(info=info)
-                        records = engine.generate(
-                            prompt.tokens, params, policy=FixedK(args.record_k)
-                        )
-                        steps = tuple(watch.watch(records))
-                        requests.append(RecordedRequest(temperature, steps))
-                        progress.advance(task)
+                requests = record_fixed_k(
+                    self.target.model,
+                    self.drafter,
+                    [(prompt.id, prompt.tokens) for prompt in self.dev],
+                    args.record_k,
+                    args.max_tokens,
+                    self.temperatures,
+                    seed=args.seed,
+                    monitor=Monitor(trace=trace),
+                    on_request=lambda: progress.advance(task),
+                )
         finally:
             if trace is not None:
                 trace.close()

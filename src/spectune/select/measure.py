@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from spectune.control.base import FixedK
+from spectune.control.config import PolicySpec
 from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.base import Drafter, TargetFeatures
 from spectune.models.base import LanguageModel
@@ -75,13 +76,22 @@ def measure_runs(
     prompts: Sequence[list[int]],
     k: int,
     max_tokens: int,
+    *,
+    policy: PolicySpec | None = None,
 ) -> RunMeasurement:
-    """Greedy speculative decoding (or plain, with ``drafter=None`` / ``k=0``) over prompts."""
+    """Greedy speculative decoding (or plain, with ``drafter=None`` / ``k=0``) over prompts,
+    at fixed ``k`` or under ``policy`` (a fresh one per prompt)."""
+    from spectune.control.registry import build_policy
+
     engine = SpeculativeEngine(target, drafter)
     counts = SpecCounts()
+    params = SamplingParams(max_tokens=max_tokens)
     for prompt in prompts:
-        generation = engine.run(
-            prompt, SamplingParams(max_tokens=max_tokens), policy=FixedK(k if drafter else 0)
+        chosen = (
+            build_policy(policy, params=params)
+            if policy is not None and drafter is not None
+            else FixedK(k if drafter else 0)
         )
+        generation = engine.run(prompt, params, policy=chosen)
         counts.merge(generation.counts)
     return RunMeasurement(k, counts)
