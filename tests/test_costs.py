@@ -46,3 +46,12 @@ def test_optimal_k() -> None:
 def test_ewma() -> None:
     assert ewma(None, 3.0, 0.2) == 3.0
     assert ewma(1.0, 3.0, 0.25) == pytest.approx(1.5)
+
+
+def test_a_dip_in_the_measured_curve_is_pooled_away() -> None:
+    from spectune.control.costs import nondecreasing
+
+    rising = (1.0, 1.1, 1.3)
+    assert nondecreasing(rising) == rising  # already non-decreasing: unchanged
+    # v(3) measured under v(2) (noise): the pair is pooled into its mean, the rest kept.
+    assert nondecreasing((1.0, 1.2, 1.0, 1.8)) == pytest.approx((1.0, 1.1, 1.1, 1.8))

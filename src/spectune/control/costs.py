@@ -32,6 +32,7 @@ __all__ = [
     "expected_tokens_per_step",
     "measure_forward_curve",
     "measure_step_time",
+    "nondecreasing",
     "optimal_k",
     "predicted_speedup",
     "speedup_of_tokens",
@@ -99,7 +100,11 @@ def measure_forward_curve(
     repeats: int = 5,
 ) -> CostCurve:
     """The verification-cost curve of ``model`` on this machine. Sizes interleave over
-    repeats so slow drift of the machine hits every size alike."""
+    repeats so slow drift of the machine hits every size alike. A forward over more tokens
+    never costs less, so where the medians dip (noise: a shared CPU, int4 kernels that
+    switch tile shapes) the curve is their isotonic fit, the non-decreasing sequence nearest
+    to them (adjacent violators pooled into their mean): a dip at one K would otherwise make
+    that K look cheap to every prediction and policy search that reads the curve."""
     ordered = sorted(set(sizes))
     if not ordered or ordered[0] != 1:
         raise ValueError("the curve must start at one token")
@@ -107,7 +112,16 @@ def measure_forward_curve(
     for _ in range(repeats):
         for n in ordered:
             per_size[n].append(measure_step_time(model, n, prefix=prefix, repeats=1))
-    return CostCurve(tuple(ordered), tuple(statistics.median(per_size[n]) for n in ordered))
+    medians = [statistics.median(per_size[n]) for n in ordered]
+    return CostCurve(tuple(ordered), nondecreasing(medians))
+
+
+def nondecreasing(seconds: Sequence[float]) -> tuple[float, ...]:
+    """The non-decreasing sequence nearest to ``seconds`` in least squares (isotonic
+    regression: adjacent violators pooled into their mean); ``seconds`` when it already is."""
+    from scipy.optimize import isotonic_regression
+
+    return tuple(float(t) for t in isotonic_regression(list(seconds), increasing=True).x)
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
