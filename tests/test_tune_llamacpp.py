@@ -120,6 +120,7 @@ def test_a_draft_of_another_vocabulary_or_no_folder_is_refused(
         (["--temperatures", "0.7"], "measures greedy decoding"),
         (["--draft", "none"], "tuning needs a drafter"),
         (["--draft", "no-such-draft"], "a .gguf file or a spectune distill --kind lm folder"),
+        (["--draft", "."], "a .gguf file or a spectune distill --kind lm folder"),  # no weights
         (["--n-max", "0"], "--n-max values must be >= 1"),
         (["--rounds", "0"], "--rounds must be >= 1"),
     ],

@@ -71,7 +71,7 @@ def _draft_file(draft: str | None, target: Path) -> Path | None:
     path = Path(draft)
     if path.suffix == ".gguf" and path.is_file():
         return path
-    if path.is_dir():
+    if path.is_dir() and (path / "model.safetensors").is_file():
         from spectune.models.cache_dir import derived_path
         from spectune.models.gguf_write import write_draft_gguf
 
