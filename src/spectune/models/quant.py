@@ -21,7 +21,9 @@ Kernels (PyTorch's own; nothing hand-written here):
   head (49152 x 576) inside an int4 forward, both cores (torch profile of
   ``docs/results/bench-model-guesses-int4/forward-rows.py int4 prof``): 1.2 ms at 1 token
   and 1.1 ms at 3, against int8pack's 1.9 and 2.8; on the small trunk layers the call's
-  fixed cost loses to int8pack and int4, hence the size rule.
+  fixed cost loses to int8pack and int4, hence the size rule. Only on CPUs with VNNI
+  (``exact_int8_gemm``): elsewhere oneDNN's 16-bit pairwise sums saturate and the layer
+  stays on int8pack.
 
 The int4 and int8pack kernels want bf16 activations: fp32 (or fp16) activations take
 PyTorch's slow fallback (10-40x slower on this machine's shapes), so such a layer casts its
@@ -51,7 +53,9 @@ Quantised layers are inference only (no gradients) and CPU only.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -60,6 +64,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "GROUP_SIZE",
+    "exact_int8_gemm",
     "PRECISIONS",
     "SPLIT_MIN_WEIGHTS",
     "Precision",
@@ -217,9 +222,26 @@ class Int8Linear(_WeightOnlyLinear):
         return out
 
 
+@functools.cache
+def exact_int8_gemm() -> bool:
+    """Whether this CPU multiplies uint8 x int8 with 32-bit sums (VNNI: ``avx512_vnni`` or
+    ``avx_vnni``; AMX has it too). Without it oneDNN falls back to ``vpmaddubsw``, whose
+    pairwise sums saturate at 16 bits: the split rows' codes (up to 255 x 127, two at a
+    time) overflow and the output is wrong by whole units (seen on an AVX2-only AMD EPYC:
+    7.07 off on the default head's shape), so the layer stays on int8pack there."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: no way to ask, so not trusted
+        return False
+    return any(flag in flags.split() for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
 def _onednn_pack(codes: Tensor, scales: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
     """(packed codes, fp32 scales [out], zero points [out]) for oneDNN's int8 GEMM, or None
-    where this PyTorch build or CPU has none (the layer then stays on int8pack)."""
+    where this PyTorch build has none or this CPU's int8 sums would saturate
+    (``exact_int8_gemm``): the layer then stays on int8pack."""
+    if not exact_int8_gemm():
+        return None
     try:
         packed = torch.ops.onednn.qlinear_prepack(codes, None)
     except (RuntimeError, AttributeError):  # no oneDNN int8 kernels in this build
