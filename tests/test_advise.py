@@ -270,19 +270,30 @@ def test_help_names_every_default_and_quick_scales_only_untouched_flags() -> Non
     import argparse
 
     from spectune.cli import build_parser
-    from spectune.cli.advise import _settings
+    from spectune.cli.advise import _per_category, _settings
 
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     text = " ".join(commands.choices["advise"].format_help().split())
     assert "(default: 48; with --quick: 24)" in text
     assert "(default: spectune)" in text and "(default: advise-report)" in text
-    settings, per_category = _settings(parser.parse_args(["advise", "--quick", "--top", "3"]))
-    assert (settings.max_tokens, settings.temperatures, settings.top, per_category) == (
+    args = parser.parse_args(["advise", "--quick", "--top", "3"])
+    settings = _settings(args)
+    assert (settings.max_tokens, settings.temperatures, settings.top, _per_category(args)) == (
         24,
         (0.0,),
         3,
         2,
     )
-    settings, per_category = _settings(parser.parse_args(["advise"]))
+    args = parser.parse_args(["advise"])
+    settings = _settings(args)
     assert (settings.max_tokens, settings.temperatures, settings.top) == (48, (0.0, 0.7), 3)
+    assert _per_category(args) == 4
+    # Recorded traffic: its temperatures, most frequent first (--quick: that one), and more
+    # prompts per trace file; an explicit flag still wins.
+    args = parser.parse_args(["advise", "--traces", "t"])
+    assert _settings(args, (0.7, 0.0)).temperatures == (0.7, 0.0) and _per_category(args) == 28
+    args = parser.parse_args(["advise", "--traces", "t", "--quick"])
+    assert _settings(args, (0.7, 0.0)).temperatures == (0.7,) and _per_category(args) == 14
+    args = parser.parse_args(["advise", "--traces", "t", "--temperatures", "0"])
+    assert _settings(args, (0.7,)).temperatures == (0.0,)

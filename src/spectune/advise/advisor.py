@@ -5,8 +5,9 @@ Steps:
 2. On the fitting half, ``spectune.select`` checks each candidate (compatibility, size
    ratio, family), measures its acceptance per category at each temperature, its draft cost
    c and the machine's verification curve v(K).
-3. A short probe run of each drafter on the fitting half measures per-position acceptance
-   (the survival curve of its draft positions).
+3. A short probe run of each drafter on the fitting half, at each temperature, measures
+   per-position acceptance (the survival curve of its draft positions), pooled and per
+   category; the decision temperature's curve feeds the prediction.
 4. Predict every (drafter, K) configuration's speedup and break-even acceptances
    (``spectune.advise.predict``).
 5. Fit a ``threshold`` policy for the best predicted drafter: the fitting half decoded at
@@ -27,7 +28,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from spectune.advise.measure import Survival, survival_of, verify_interleaved
+from spectune.advise.measure import (
+    Survival,
+    VerifiedRun,
+    conditional,
+    kept_positions,
+    survival_of,
+    verify_interleaved,
+)
 from spectune.advise.predict import ConfigPrediction, predict_config
 from spectune.advise.schema import Advice, CandidateCheck, ConfigResult
 from spectune.advise.verdict import CheckRow, checklist, decide
@@ -41,6 +49,7 @@ from spectune.errors import (
     SpectuneError,
 )
 from spectune.models.quant import PRECISIONS, Precision
+from spectune.records import SpecCounts
 from spectune.select.candidates import resolve_candidate
 from spectune.select.selector import CandidateResult, SelectSettings, select
 
@@ -172,8 +181,40 @@ def _chosen(predictions: Sequence[ConfigPrediction], top: int) -> list[ConfigPre
     return (firsts + rest)[:top]
 
 
-def _check(result: CandidateResult, survival: Survival | None, decision: float) -> CandidateCheck:
-    positions = () if survival is None else survival.conditional
+Curve = tuple[float, ...]  # [j]: position j+1 kept, given positions 1..j were
+
+
+@dataclass(frozen=True)
+class Positions:
+    """One drafter's probe runs: per temperature (as text), its per-position acceptance,
+    pooled and per category of the fitting prompts."""
+
+    pooled: dict[str, Curve] = field(default_factory=dict)
+    by_category: dict[str, dict[str, Curve]] = field(default_factory=dict)
+
+
+def _positions(
+    probes: dict[float, list[VerifiedRun]], categories: Sequence[str], k: int
+) -> dict[str, Positions]:
+    """Per drafter (probe label), its ``Positions``."""
+    out: dict[str, Positions] = {}
+    for temperature, runs in probes.items():
+        for run in runs:
+            by_category: dict[str, SpecCounts] = {}
+            for category, counts in zip(categories, run.per_prompt, strict=True):
+                by_category.setdefault(category, SpecCounts()).merge(counts)
+            mine = out.setdefault(run.label, Positions())
+            mine.pooled[str(temperature)] = conditional(kept_positions(run.counts, k))
+            mine.by_category[str(temperature)] = {
+                category: conditional(kept_positions(counts, k))
+                for category, counts in sorted(by_category.items())
+            }
+    return out
+
+
+def _check(
+    result: CandidateResult, survival: Survival | None, positions: Positions, decision: float
+) -> CandidateCheck:
     return CandidateCheck(
         spec=result.spec,
         kind=result.kind,
@@ -184,7 +225,8 @@ def _check(result: CandidateResult, survival: Survival | None, decision: float) 
         acceptance={str(a.temperature): a.overall for a in result.alpha},
         acceptance_by_category={str(a.temperature): a.per_category for a in result.alpha},
         first_token_acceptance=result.alpha_at(decision),
-        position_acceptance=positions,
+        position_acceptance=positions.pooled,
+        position_acceptance_by_category=positions.by_category,
         draft_cost=result.draft_cost,
         probe_step_cost=None if survival is None else survival.step_cost,
     )
@@ -249,20 +291,25 @@ def advise(
         assert candidate.drafter is not None  # it was compatible a moment ago
         drafters[result.spec] = candidate.drafter
     probe_k = min(PROBE_K, settings.max_k)
+    probes: dict[float, list[VerifiedRun]] = {}
+    for temperature in settings.temperatures:
+        step = f"per-position acceptance (probe runs, T={temperature:g})"
 
-    def probed(done: int, total: int) -> None:
-        if on_progress is not None:
-            on_progress("per-position acceptance (probe runs)", done, total)
+        def probed(done: int, total: int, step: str = step) -> None:
+            if on_progress is not None:
+                on_progress(step, done, total)
 
-    probed(0, len(fit))
-    probes = verify_interleaved(
-        target.model,
-        [(spec, drafter, probe_k) for spec, drafter in drafters.items()],
-        [row[2] for row in fit],
-        settings.max_tokens,
-        on_prompt=probed,
-    )
-    survivals = {run.label: survival_of(run, probe_k) for run in probes}
+        probed(0, len(fit))
+        probes[temperature] = verify_interleaved(
+            target.model,
+            [(spec, drafter, probe_k) for spec, drafter in drafters.items()],
+            [row[2] for row in fit],
+            settings.max_tokens,
+            temperature=temperature,
+            on_prompt=probed,
+        )
+    survivals = {run.label: survival_of(run, probe_k) for run in probes[decision]}
+    positions = _positions(probes, [row[1] for row in fit], probe_k)
     # 4. Predict.
     predictions = [
         p
@@ -330,7 +377,10 @@ def advise(
             "precision": settings.precision.name,
             "tune_policy": settings.tune_policy,
         },
-        candidates=tuple(_check(r, survivals.get(r.spec), decision) for r in measured.candidates),
+        candidates=tuple(
+            _check(r, survivals.get(r.spec), positions.get(r.spec, Positions()), decision)
+            for r in measured.candidates
+        ),
         configurations=results,
         verdict=verdict,
         checklist=tuple(rows),

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from spectune.advise.schema import Advice
 
-__all__ = ["checklist_table", "config_table", "plot"]
+__all__ = ["checklist_table", "config_table", "plot", "position_table"]
 
 
 def config_table(advice: Advice) -> Table:
@@ -40,6 +40,29 @@ def config_table(advice: Advice) -> Table:
             measured,
             "-" if result.error is None else f"{result.error:+.0%}",
         )
+    return table
+
+
+def position_table(advice: Advice) -> Table:
+    """Per drafter and temperature: first-token acceptance (select's measurement) and each
+    draft position's acceptance given the earlier ones (the probe runs)."""
+    probed = [c for c in advice.candidates if c.position_acceptance]
+    width = max((len(curve) for c in probed for curve in c.position_acceptance.values()), default=0)
+    table = Table(title="acceptance by draft position (probe runs)")
+    table.add_column("drafter")
+    table.add_column("T", justify="right")
+    table.add_column("alpha", justify="right")
+    for j in range(width):
+        table.add_column(f"pos {j + 1}", justify="right")
+    for check in probed:
+        for temperature, curve in check.position_acceptance.items():
+            alpha = check.acceptance.get(temperature)
+            table.add_row(
+                check.spec,
+                temperature,
+                "-" if alpha is None else f"{alpha:.0%}",
+                *(f"{c:.0%}" for c in curve),
+            )
     return table
 
 

@@ -20,7 +20,7 @@ from spectune.advise.verdict import CheckRow, Verdict
 
 __all__ = ["SCHEMA_VERSION", "Advice", "CandidateCheck", "ConfigResult"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: position_acceptance per temperature and category
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,10 @@ class CandidateCheck:
     acceptance: dict[str, float]  # temperature -> alpha
     acceptance_by_category: dict[str, dict[str, float]]  # temperature -> category -> alpha
     first_token_acceptance: float | None  # the first draft token, decision temperature
-    position_acceptance: tuple[float, ...]  # probe run: position j+1 kept, given 1..j were
+    # Probe runs, temperature -> [j]: position j+1 kept, given 1..j were; pooled, and
+    # temperature -> category -> the same.
+    position_acceptance: dict[str, tuple[float, ...]]
+    position_acceptance_by_category: dict[str, dict[str, tuple[float, ...]]]
     draft_cost: float | None
     probe_step_cost: float | None  # probe run: a step's time over a plain step's
 

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from spectune.advise.advisor import AdviseSettings, advise
-from spectune.advise.report import checklist_table, config_table, plot
+from spectune.advise.report import checklist_table, config_table, plot, position_table
 from spectune.advise.schema import Advice
+from spectune.advise.traffic import load_traffic
 from spectune.cli.common import (
     add_precision_args,
     add_runtime_arg,
@@ -41,16 +42,19 @@ ENGINES = {
 # verified, no tuned policy): dest -> (default, with --quick). A flag given on the command
 # line wins.
 SCALED: dict[str, tuple[Any, Any]] = {
-    "per_category": (4, 2),
     "max_tokens": (48, 24),
     "temperatures": ("0,0.7", "0"),
     "top": (3, 2),
     "tune": (True, False),
 }
+# Prompts per category (full, --quick); with --traces, per trace file: the built-in set's
+# totals (7 categories) for one file.
+PER_CATEGORY = (4, 2)
+TRACE_PROMPTS = (28, 14)
 
 
 def _scaled_help(dest: str, text: str) -> str:
-    full, quick = SCALED[dest]
+    full, quick = PER_CATEGORY if dest == "per_category" else SCALED[dest]
     return f"{text} (default: {full}; with --quick: {quick})"
 
 
@@ -67,14 +71,24 @@ def register(subparsers: Any) -> None:
         help="a candidate draft (repeat the flag): .gguf, HF folder, shipped draft name, "
         f"'ngram', 'suffix', 'hybrid' (default: {' '.join(DEFAULT_DRAFTS)})",
     )
-    parser.add_argument("--prompts", default=None, help="prompt JSONL (default: the built-in set)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--prompts", default=None, help="prompt JSONL (default: the built-in set)")
+    source.add_argument(
+        "--traces",
+        type=Path,
+        default=None,
+        help="replay recorded traffic instead: a step trace or a folder of them (serve/generate "
+        "--trace), one category per file, at the temperatures it was served at",
+    )
     parser.add_argument("--split", default="test", help="prompt split (dev, test, or 'all')")
     parser.add_argument(
         "--limit-per-category",
         dest="per_category",
         type=int,
         default=None,
-        help=_scaled_help("per_category", "prompts per category, half fit and half verify"),
+        help=_scaled_help("per_category", "prompts per category, half fit and half verify")
+        + f"; with --traces, per trace file (default: {TRACE_PROMPTS[0]}; --quick: "
+        f"{TRACE_PROMPTS[1]})",
     )
     parser.add_argument(
         "--max-tokens",
@@ -85,9 +99,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--temperatures",
         default=None,
-        help=_scaled_help(
-            "temperatures", "comma-separated; the first decides K and the prediction"
-        ),
+        help=_scaled_help("temperatures", "comma-separated; the first decides K and the prediction")
+        + "; with --traces, the traffic's, most frequent first (--quick: that one only)",
     )
     parser.add_argument(
         "--verify-prompts", type=int, default=7, help="held-apart prompts for the verification runs"
@@ -135,8 +148,14 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def _settings(args: argparse.Namespace) -> tuple[AdviseSettings, int]:
-    """The settings, ``--quick`` applied where a flag was left at its default."""
+def _settings(
+    args: argparse.Namespace, traffic_temperatures: tuple[float, ...] = ()
+) -> AdviseSettings:
+    """The settings, ``--quick`` applied where a flag was left at its default; recorded
+    traffic's temperatures where it gives them and no --temperatures was given."""
+    if args.temperatures is None and traffic_temperatures:
+        chosen = traffic_temperatures[:1] if args.quick else traffic_temperatures
+        args.temperatures = ",".join(f"{t:g}" for t in chosen)
     for dest, (full, quick) in SCALED.items():
         if getattr(args, dest) is None:
             setattr(args, dest, quick if args.quick else full)
@@ -148,10 +167,8 @@ def _settings(args: argparse.Namespace) -> tuple[AdviseSettings, int]:
         ) from None
     if any(t < 0 for t in temperatures):
         raise InvalidParameterError("--temperatures must be >= 0")
-    if args.per_category < 1:
-        raise InvalidParameterError("--limit-per-category must be at least 1")
     precision, device = precision_from_args(args)
-    settings = AdviseSettings(
+    return AdviseSettings(
         temperatures=temperatures,
         max_tokens=args.max_tokens,
         verify_prompts=args.verify_prompts,
@@ -163,7 +180,15 @@ def _settings(args: argparse.Namespace) -> tuple[AdviseSettings, int]:
         trust_draft_vocab=args.trust_draft_vocab,
         tune_policy=args.tune,
     )
-    return settings, args.per_category
+
+
+def _per_category(args: argparse.Namespace) -> int:
+    if args.per_category is None:
+        full, quick = TRACE_PROMPTS if args.traces is not None else PER_CATEGORY
+        args.per_category = quick if args.quick else full
+    if args.per_category < 1:
+        raise InvalidParameterError("--limit-per-category must be at least 1")
+    return int(args.per_category)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.out.exists() and not args.out.is_dir():
         raise InvalidParameterError(f"--out {args.out} is a file")
-    settings, per_category = _settings(args)
+    per_category = _per_category(args)
+    traffic = None if args.traces is None else load_traffic(args.traces, per_category)
+    settings = _settings(args, () if traffic is None else traffic.temperatures)
     specs = list(args.draft or DEFAULT_DRAFTS)
     check_candidate_paths(specs)
     if args.threads is not None:
@@ -186,12 +213,16 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise InvalidParameterError("--threads must be at least 1")
         torch.set_num_threads(args.threads)
-    chosen = load_prompts(
-        args.prompts,
-        split=None if args.split == "all" else args.split,
-        limit_per_category=per_category,
+    chosen = (
+        []
+        if traffic is not None
+        else load_prompts(
+            args.prompts,
+            split=None if args.split == "all" else args.split,
+            limit_per_category=per_category,
+        )
     )
-    if not chosen:
+    if traffic is None and not chosen:
         raise PromptError(f"no prompts to measure on in {args.prompts or 'the built-in set'}")
     target = load_target(
         args.target,
@@ -200,8 +231,13 @@ def run(args: argparse.Namespace) -> int:
         device=settings.device,
         runtime=args.runtime,
     )
-    prompts = [(p.id, p.category, p.tokens(target.tokenizer)) for p in chosen]
     notes: list[str] = []
+    if traffic is not None:
+        traffic.check(target.model.info.name, target.model.info.vocab_size)
+        prompts = traffic.prompts
+        notes.extend(traffic.notes)
+    else:
+        prompts = [(p.id, p.category, p.tokens(target.tokenizer)) for p in chosen]
     curve_for_this_machine(target.model, report=notes.append)  # a hybrid prices trees with it
     print_notes(notes)
     console = Console() if sys.stdout.isatty() else Console(width=140)
@@ -259,6 +295,7 @@ def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:
     outputs["plot"] = png.name
     outputs["json"] = "advice.json"
     advice.write(args.out / "advice.json")
+    console.print(position_table(advice))
     console.print(config_table(advice))
     if advice.checklist:
         console.print(checklist_table(advice))

@@ -203,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
         "target": target.model.info.name,
         "drafter": drafter.name if drafter else "none",
         "prompt_tokens": len(prompt),
+        "prompt": list(prompt),
     }
     try:
         watch = Monitor(trace=trace, on_warning=print_warning).request(policy=policy, info=info)

@@ -72,24 +72,36 @@ class CostCurve:
         return self.time(k + 1) / self.seconds[0]
 
 
+def _forward_times(
+    model: LanguageModel, sizes: Sequence[int], *, prefix: int, repeats: int, seed: int = 0
+) -> dict[int, list[float]]:
+    """Seconds of ``repeats`` forwards over each of ``sizes`` tokens after one cached
+    ``prefix``, sizes interleaved within each repeat; the prefix is computed once and every
+    shape warmed up once (the timed forwards are all this costs beyond that)."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = model.info.vocab_size
+    cache = model.new_cache(capacity=prefix + max(sizes) + 1)
+    model.forward(torch.randint(0, vocab, (1, prefix), generator=generator), cache)
+    chunks = {n: torch.randint(0, vocab, (1, n), generator=generator) for n in sizes}
+    for chunk in chunks.values():  # warm-up at every shape
+        model.forward(chunk, cache)
+        cache.truncate(prefix)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n, chunk in chunks.items():
+            start = time.perf_counter()
+            model.forward(chunk, cache)
+            times[n].append(time.perf_counter() - start)
+            cache.truncate(prefix)
+    return times
+
+
 def measure_step_time(
     model: LanguageModel, tokens: int, *, prefix: int = 64, repeats: int = 5, seed: int = 0
 ) -> float:
     """Median seconds for one forward over ``tokens`` after ``prefix`` cached tokens."""
-    generator = torch.Generator().manual_seed(seed)
-    vocab = model.info.vocab_size
-    cache = model.new_cache(capacity=prefix + tokens + 1)
-    model.forward(torch.randint(0, vocab, (1, prefix), generator=generator), cache)
-    chunk = torch.randint(0, vocab, (1, tokens), generator=generator)
-    model.forward(chunk, cache)  # warm-up at this shape
-    cache.truncate(prefix)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model.forward(chunk, cache)
-        samples.append(time.perf_counter() - start)
-        cache.truncate(prefix)
-    return statistics.median(samples)
+    times = _forward_times(model, (tokens,), prefix=prefix, repeats=repeats, seed=seed)
+    return statistics.median(times[tokens])
 
 
 def measure_forward_curve(
@@ -108,11 +120,8 @@ def measure_forward_curve(
     ordered = sorted(set(sizes))
     if not ordered or ordered[0] != 1:
         raise ValueError("the curve must start at one token")
-    per_size: dict[int, list[float]] = {n: [] for n in ordered}
-    for _ in range(repeats):
-        for n in ordered:
-            per_size[n].append(measure_step_time(model, n, prefix=prefix, repeats=1))
-    medians = [statistics.median(per_size[n]) for n in ordered]
+    times = _forward_times(model, ordered, prefix=prefix, repeats=repeats)
+    medians = [statistics.median(times[n]) for n in ordered]
     return CostCurve(tuple(ordered), nondecreasing(medians))
 
 

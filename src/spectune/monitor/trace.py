@@ -3,7 +3,9 @@
 One JSON object per line, told apart by ``event``:
 
 - ``request``  a request begins: ``request`` (its id) and ``info`` (policy name,
-               temperature, drafter, target, baseline tokens/s when known, ...). A
+               temperature, drafter, target, the prompt's token ids as ``prompt`` (since
+               2026-12-07; ``spectune advise --traces`` replays them), baseline tokens/s
+               when known, ...). A
                later ``request`` event with the same id adds to its info (``generate
                --compare`` records the plain-decoding rate it measured after the run).
 - ``step``     one per engine step: every ``StepRecord`` field (``emitted`` as a list of

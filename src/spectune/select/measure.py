@@ -78,15 +78,22 @@ def measure_runs(
     max_tokens: int,
     *,
     policy: PolicySpec | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> RunMeasurement:
-    """Greedy speculative decoding (or plain, with ``drafter=None`` / ``k=0``) over prompts,
-    at fixed ``k`` or under ``policy`` (a fresh one per prompt)."""
+    """Speculative decoding (or plain, with ``drafter=None`` / ``k=0``) over prompts, at fixed
+    ``k`` or under ``policy`` (a fresh one per prompt); greedy by default, else sampled at
+    ``temperature`` with prompt i seeded ``seed + i``."""
     from spectune.control.registry import build_policy
 
     engine = SpeculativeEngine(target, drafter)
     counts = SpecCounts()
-    params = SamplingParams(max_tokens=max_tokens)
-    for prompt in prompts:
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=None if temperature == 0.0 else seed + i,
+        )
         chosen = (
             build_policy(policy, params=params)
             if policy is not None and drafter is not None

@@ -285,8 +285,13 @@ class Service:
                 type="rate_limit_error",
                 code="too_many_requests",
             ) from exc
-        # The temperature goes into the trace's request info: ``spectune tune`` reads it.
-        info = {"temperature": prepared.params.temperature, "prompt_tokens": len(prepared.prompt)}
+        # The trace's request info: ``spectune tune`` reads the temperature, ``spectune
+        # advise --traces`` replays the prompt (its token ids) at it.
+        info = {
+            "temperature": prepared.params.temperature,
+            "prompt_tokens": len(prepared.prompt),
+            "prompt": list(prepared.prompt),
+        }
         watch = self.monitor.request(policy=prepared.policy, request_id=request_id, info=info)
         engine_done = False  # the engine finished the request and freed its row itself
         client_gone = False
