@@ -76,19 +76,19 @@ def _forward_times(
     model: LanguageModel, sizes: Sequence[int], *, prefix: int, repeats: int, seed: int = 0
 ) -> dict[int, list[float]]:
     """Seconds of ``repeats`` forwards over each of ``sizes`` tokens after one cached
-    ``prefix``, sizes interleaved within each repeat; the prefix is computed once and every
-    shape warmed up once (the timed forwards are all this costs beyond that)."""
+    ``prefix``, sizes interleaved within each repeat. The prefix is computed once; each timed
+    forward follows an untimed one of its own shape (timed right after a forward of another
+    size, the int4 kernels measured v(2) 1.07 where decoding pays 1.30)."""
     generator = torch.Generator().manual_seed(seed)
     vocab = model.info.vocab_size
     cache = model.new_cache(capacity=prefix + max(sizes) + 1)
     model.forward(torch.randint(0, vocab, (1, prefix), generator=generator), cache)
     chunks = {n: torch.randint(0, vocab, (1, n), generator=generator) for n in sizes}
-    for chunk in chunks.values():  # warm-up at every shape
-        model.forward(chunk, cache)
-        cache.truncate(prefix)
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats):
         for n, chunk in chunks.items():
+            model.forward(chunk, cache)  # warm-up at this shape
+            cache.truncate(prefix)
             start = time.perf_counter()
             model.forward(chunk, cache)
             times[n].append(time.perf_counter() - start)
