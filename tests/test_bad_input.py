@@ -129,7 +129,7 @@ CLI_CASES: list[tuple[str, str]] = [
     ("bench --target @T --draft ngram --budget-minutes nan", "--budget-minutes"),
     ("bench --target @T --draft ngram --seed -1", "--seed must be in [0, 2**63 - 1]"),
     ("bench --target @T --draft ngram --out @W/garbage.txt", "is a file"),
-    ("bench --target @T --draft ngram --threads 0", "--threads must be at least 1"),
+    ("bench --target @T --draft ngram --threads 0", "--threads must be >= 1, got 0"),
     ("bench --target @T --draft ngram --prompts /nonexistent.jsonl", "not found"),
     ("bench --target @T --draft ngram --prompts @W/bad.jsonl", "bad.jsonl:1"),
     ("bench --target @T --draft ngram --categories bogus", "bogus"),

@@ -16,8 +16,10 @@ from spectune.advise.traffic import load_traffic
 from spectune.cli.common import (
     add_precision_args,
     add_runtime_arg,
+    add_threads_arg,
     precision_from_args,
     print_notes,
+    set_threads,
 )
 from spectune.cli.select import check_candidate_paths
 from spectune.control.config import PolicySpec
@@ -139,9 +141,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="pair drafts that ship no tokenizer without comparing token strings",
     )
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
+    add_threads_arg(parser)
     parser.add_argument("--out", type=Path, default=Path("advise-report"), help="report folder")
     add_precision_args(parser)
     add_runtime_arg(parser)
@@ -207,12 +207,7 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args, () if traffic is None else traffic.temperatures)
     specs = list(args.draft or DEFAULT_DRAFTS)
     check_candidate_paths(specs)
-    if args.threads is not None:
-        import torch
-
-        if args.threads < 1:
-            raise InvalidParameterError("--threads must be at least 1")
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     chosen = (
         []
         if traffic is not None

@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from spectune.cli.common import add_threads_arg, set_threads
 from spectune.cli.common import parse_numbers as _numbers
 from spectune.errors import InvalidParameterError
 
@@ -110,9 +111,7 @@ def register(subparsers: Any) -> None:
         default=None,
         help="also rewrite this file's results block and its plot (spectune.bench.readme)",
     )
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
+    add_threads_arg(parser)
     parser.set_defaults(run=run)
 
 
@@ -189,7 +188,6 @@ def command_line(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     import tempfile
 
-    import torch
     from rich.console import Console
     from transformers.utils import logging as hf_logging
 
@@ -204,10 +202,7 @@ def run(args: argparse.Namespace) -> int:
         results_block(args.readme)  # a README without the block fails before the run
     if args.out.exists() and not args.out.is_dir():
         raise InvalidParameterError(f"--out {args.out} is a file; the results need a folder")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise InvalidParameterError("--threads must be at least 1")
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     console = Console()
     workbenches = []

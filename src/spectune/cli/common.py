@@ -112,6 +112,25 @@ def add_compile_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_threads_arg(parser: argparse.ArgumentParser) -> None:
+    """``--threads``, the same flag in every subcommand that runs a model on the CPU."""
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch and llama.cpp (default: torch's choice)",
+    )
+
+
+def set_threads(threads: int | None) -> None:
+    """``--threads`` as torch's CPU thread count; torch's own choice without it."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise InvalidParameterError(f"--threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
+
+
 def add_device_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",

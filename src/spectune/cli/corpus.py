@@ -8,9 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from spectune.cli.common import add_device_arg
+from spectune.cli.common import add_device_arg, add_threads_arg, set_threads
 from spectune.distill.corpus import (
     PROMPT_MIXES,
     CorpusSettings,
@@ -70,7 +68,7 @@ def register(subparsers: Any) -> None:
         help="which prompts (spectune.distill.corpus): 1 = the committed shards 0-56 and 58, "
         "2 = adds closed-book questions and translations into English (default)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads_arg(parser)
     parser.add_argument("--stats", action="store_true", help="only count what --out holds")
     add_device_arg(parser)
     parser.set_defaults(run=run)
@@ -87,13 +85,10 @@ def run(args: argparse.Namespace) -> int:
     ):
         if value < 1:
             raise InvalidParameterError(f"{flag} must be >= 1, got {value}")
-    if args.threads is not None and args.threads < 1:
-        raise InvalidParameterError(f"--threads must be >= 1, got {args.threads}")
+    set_threads(args.threads)
     if args.out.exists() and not args.out.is_dir():
         raise InvalidParameterError(f"--out {args.out} is a file; the corpus needs a folder")
     seeds = SeedData.read(args.seeds)  # checked before the target loads
-    if args.threads:
-        torch.set_num_threads(args.threads)
     target = load_target(args.target, device=resolve_device(args.device))
     settings = CorpusSettings(
         items_per_shard=args.items_per_shard,

@@ -9,9 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from spectune.cli.common import add_device_arg
+from spectune.cli.common import add_device_arg, add_threads_arg, set_threads
 from spectune.distill.data import (
     PRECISIONS,
     DistillCorpus,
@@ -117,7 +115,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--heldout", type=int, default=48, help="held-out sequences")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads_arg(parser)
     parser.add_argument(
         "--precision",
         choices=PRECISIONS,
@@ -205,10 +203,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("--features-only caches the teacher pass of --answers")
     if not (args.steps or args.tokens or args.minutes or args.features_only):
         raise InvalidParameterError("give a budget: --steps, --tokens and/or --minutes")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise InvalidParameterError("--threads must be >= 1")
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     if bool(args.corpus) == (args.answers is not None):
         raise InvalidParameterError("give either --corpus files or an --answers corpus folder")
     if args.feature_layers and args.kind != "feature":

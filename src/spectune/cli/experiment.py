@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spectune.cli.common import add_threads_arg, set_threads
 from spectune.cli.evidence import add_arguments as add_evidence_arguments
 from spectune.cli.evidence import run as run_evidence
 from spectune.drafters.pairing import TARGET_PRECISIONS
@@ -71,9 +72,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: torch's own)"
-    )
+    add_threads_arg(parser)
     parser.add_argument(
         "--precision",
         default="fp32",
@@ -124,12 +123,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("--max-tokens must be >= 1")
     if args.which == "batch" and args.repeats < 1:
         raise InvalidParameterError("--repeats must be >= 1")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise InvalidParameterError("--threads must be >= 1")
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     if args.precision != "fp32" and (args.toy or args.which in ("evidence", "runtimes")):
         raise InvalidParameterError(
             "--precision picks the real target's runtime for tree, batch, chunked and history "

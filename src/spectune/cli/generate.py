@@ -8,16 +8,16 @@ import sys
 import time
 from typing import Any
 
-import torch
-
 from spectune.cli.common import (
     add_compile_arg,
     add_model_args,
     add_sampling_args,
+    add_threads_arg,
     load_models,
     print_notes,
     print_warning,
     sampling_from_args,
+    set_threads,
     startup_line,
 )
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
@@ -72,12 +72,7 @@ def register(subparsers: Any) -> None:
         help="expand only tree nodes whose cumulative draft probability reaches this",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object, no streaming")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads: torch's, and llama.cpp's with --runtime llamacpp (default: torch's)",
-    )
+    add_threads_arg(parser)
     parser.set_defaults(run=run)
 
 
@@ -182,10 +177,7 @@ def run(args: argparse.Namespace) -> int:
     spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
     build_policy(spec, params=params)  # checks the options before loading models
-    if args.threads is not None:
-        if args.threads < 1:
-            raise InvalidParameterError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     notes: list[str] = []
     target, drafter = load_models(args, notes)
     policy = build_policy(spec, params=params, cost_curve=verify_curve_of(target.model))

@@ -10,8 +10,10 @@ from typing import Any
 from spectune.cli.common import (
     add_precision_args,
     add_runtime_arg,
+    add_threads_arg,
     precision_from_args,
     print_notes,
+    set_threads,
 )
 from spectune.control.crossover import curve_for_this_machine
 from spectune.drafters.pairing import is_suffix_spec, load_target
@@ -66,6 +68,7 @@ def register(subparsers: Any) -> None:
         help="also measure this K for the predicted-vs-measured plot",
     )
     parser.add_argument("--no-confirm", action="store_true", help="skip the real runs")
+    add_threads_arg(parser)
     parser.add_argument(
         "--trust-draft-vocab",
         action="store_true",
@@ -107,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         trust_draft_vocab=args.trust_draft_vocab,
     )
     check_candidate_paths(args.candidates)
+    set_threads(args.threads)
     target = load_target(
         args.target,
         dtype=precision.dtype,

@@ -17,14 +17,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from spectune.cli.common import (
     add_model_args,
+    add_threads_arg,
     load_models,
     precision_from_args,
     print_notes,
     print_warning,
+    set_threads,
     startup_line,
 )
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
@@ -129,9 +129,7 @@ def register(subparsers: Any) -> None:
     limits.add_argument(
         "--max-requests", type=int, default=64, help="running + queued; more get a 429"
     )
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
+    add_threads_arg(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
     parser.set_defaults(run=run)
 
@@ -178,10 +176,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("--served-model-name must not be empty")
     spec = policy_spec_from_args(args)
     build_policy(spec)  # checks the options before loading models
-    if args.threads is not None:
-        if args.threads < 1:
-            raise InvalidParameterError("--threads must be >= 1")
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     try:
         limits = Limits(
             max_body_bytes=args.max_body_bytes,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spectune.cli.common import add_model_args, parse_numbers
+from spectune.cli.common import add_model_args, add_threads_arg, parse_numbers, set_threads
 from spectune.cli.tune_llamacpp import add_args as add_llamacpp_args
 from spectune.cli.tune_llamacpp import run_llamacpp
 from spectune.cli.tune_report import print_summary, report_data, report_markdown
@@ -71,7 +71,7 @@ def register(subparsers: Any) -> None:
         help="held-out test prompts the tuned policy is confirmed on (0: no confirmation)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads_arg(parser)
     parser.add_argument(
         "--record-trace", default=None, help="also write the dev decoding as a step trace"
     )
@@ -109,8 +109,7 @@ def check_args(args: argparse.Namespace) -> tuple[float, ...]:
         raise InvalidParameterError(f"--confirm-prompts must be >= 0, got {args.confirm_prompts}")
     if args.limit_per_category < 1:
         raise InvalidParameterError("--limit-per-category must be at least 1")
-    if args.threads is not None and args.threads < 1:
-        raise InvalidParameterError(f"--threads must be >= 1, got {args.threads}")
+    set_threads(args.threads)
     for path in (args.out, args.report):
         if path is not None and path.is_dir():
             raise InvalidParameterError(f"{path} is a folder; give a file name")
@@ -214,14 +213,11 @@ class _Recording:
     """The prompt-set mode: the models, the dev recording and the held-out confirmation."""
 
     def __init__(self, args: argparse.Namespace, temperatures: tuple[float, ...], console: Any):
-        import torch
 
         from spectune.bench.plan import load_bench_prompts
         from spectune.cli.common import load_models
         from spectune.prompts import load_prompts
 
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
         categories = (
             tuple(c.strip() for c in args.categories.split(",")) if args.categories else None
         )
