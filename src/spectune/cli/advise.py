@@ -208,17 +208,12 @@ def run(args: argparse.Namespace) -> int:
     specs = list(args.draft or DEFAULT_DRAFTS)
     check_candidate_paths(specs)
     set_threads(args.threads)
-    chosen = (
-        []
-        if traffic is not None
-        else load_prompts(
-            args.prompts,
-            split=None if args.split == "all" else args.split,
-            limit_per_category=per_category,
-        )
-    )
-    if traffic is None and not chosen:
-        raise PromptError(f"no prompts to measure on in {args.prompts or 'the built-in set'}")
+    chosen = []
+    if traffic is None:
+        split = None if args.split == "all" else args.split
+        chosen = load_prompts(args.prompts, split=split, limit_per_category=per_category)
+        if not chosen:
+            raise PromptError(f"no prompts to measure on in {args.prompts or 'the built-in set'}")
     target = load_target(
         args.target,
         dtype=settings.precision.dtype,
