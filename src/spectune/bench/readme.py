@@ -6,7 +6,9 @@ GGUF on llama.cpp's kernels where ``spectune[llamacpp]`` is installed; T = 0 and
 cores) and then rewrites the README between ``BEGIN`` and ``END``: the machine and
 command, one row per system with tokens/s and the speedup over plain decoding of the same
 runtime in each column, and how many greedy outputs equal plain decoding's. The plot is
-the same speedups as a heatmap, ``speedup.png`` beside ``results.json``.
+the same speedups as a heatmap, ``speedup.png`` beside ``results.json``. The run it replaces
+is its baseline: ``comparison.md`` puts the two side by side (``spectune.bench.compare``) and
+the block says how many speedups stayed within noise.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ LLAMACPP_NOTE = (
     "prompts because llama.cpp's logits depend on how it batches the prompt "
     "([docs/usage.md](docs/usage.md))."
 )
+OUT = Path("docs/results/readme")
+BASELINE = OUT / "results.json"
 RUNTIME_ORDER = ("int4", "fp32", "bf16", "int8", "llamacpp")
 
 
@@ -65,8 +69,10 @@ def preset() -> dict[str, Any]:
         "threads": 2,
         "seed": 0,
         "no_plots": True,  # the README shows one heatmap of its own
-        "out": Path("docs/results/readme"),
+        "out": OUT,
         "readme": Path("README.md"),
+        # Side by side with the run the README shows now, where there is one.
+        "baseline": BASELINE if BASELINE.is_file() else None,
     }
 
 
@@ -91,9 +97,12 @@ def _column_name(dtype: str, temperature: float) -> str:
     return f"{runtime}, T = {temperature:g}"
 
 
-def readme_block(data: Mapping[str, Any], plot: str, today: datetime.date) -> str:
+def readme_block(
+    data: Mapping[str, Any], plot: str, today: datetime.date, comparison: str | None = None
+) -> str:
     """The README's results block (between ``BEGIN`` and ``END``) for one run's
-    ``results.json``; ``plot``: the heatmap's path relative to the README."""
+    ``results.json``; ``plot``: the heatmap's path relative to the README; ``comparison``: a
+    line on how this run compares with the previous one (``spectune.bench.compare``)."""
     rows = [r for r in data["rows"] if r["category"] == "all"]
     if not rows:
         raise InvalidParameterError("the results hold no rows to tabulate")
@@ -110,6 +119,7 @@ def readme_block(data: Mapping[str, Any], plot: str, today: datetime.date) -> st
         "",
         f"Command: `{data['command']}`",
         "",
+        *([comparison, ""] if comparison else []),
         "| system | " + " | ".join(_column_name(*c) for c in columns) + " | = greedy |",
         "|---|" + "---:|" * len(columns) + "---:|",
     ]
@@ -198,13 +208,26 @@ def _plot(data: Mapping[str, Any], path: Path) -> None:
     speedup_heatmap(values, [_label(s) for s in systems], names, path, title)
 
 
+def _relative(path: Path, readme: Path) -> str:
+    return Path(os.path.relpath(path.resolve(), readme.resolve().parent)).as_posix()
+
+
 def write_readme_results(
-    data: Mapping[str, Any], out: Path, readme: Path, today: datetime.date | None = None
+    data: Mapping[str, Any],
+    out: Path,
+    readme: Path,
+    today: datetime.date | None = None,
+    comparison: tuple[Path, str] | None = None,
 ) -> Path:
-    """Write the heatmap into ``out`` and the results block into ``readme``; the plot's path."""
+    """Write the heatmap into ``out`` and the results block into ``readme``; the plot's path.
+    ``comparison``: the page comparing this run with the previous one and its summary line."""
     out.mkdir(parents=True, exist_ok=True)
     plot = out / PLOT
     _plot(data, plot)
-    shown = Path(os.path.relpath(plot.resolve(), readme.resolve().parent)).as_posix()
-    rewrite_readme(readme, readme_block(data, shown, today or datetime.date.today()))
+    line = None
+    if comparison is not None:
+        page, summary = comparison
+        line = f"Against the previous run: {summary} ([side by side]({_relative(page, readme)}))"
+    block = readme_block(data, _relative(plot, readme), today or datetime.date.today(), line)
+    rewrite_readme(readme, block)
     return plot

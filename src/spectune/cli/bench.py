@@ -111,6 +111,13 @@ def register(subparsers: Any) -> None:
         default=None,
         help="also rewrite this file's results block and its plot (spectune.bench.readme)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a previous run's results.json: write comparison.md, this run's speedups beside "
+        "its, each difference with its standard error (the readme preset: the committed run)",
+    )
     add_threads_arg(parser)
     parser.set_defaults(run=run)
 
@@ -192,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from spectune.bench.assemble import load_workbench
+    from spectune.bench.compare import load_baseline
     from spectune.bench.plan import load_bench_prompts
     from spectune.bench.suite import run_suite
 
@@ -200,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
         from spectune.bench.readme import results_block
 
         results_block(args.readme)  # a README without the block fails before the run
+    # Read before the run: the baseline may be the results.json this run overwrites.
+    baseline = None if args.baseline is None else load_baseline(args.baseline)
     if args.out.exists() and not args.out.is_dir():
         raise InvalidParameterError(f"--out {args.out} is a file; the results need a folder")
     set_threads(args.threads)
@@ -233,9 +243,15 @@ def run(args: argparse.Namespace) -> int:
             command=command_line(args),
             plots=not args.no_plots,
         )
+    comparison = None
+    if baseline is not None:
+        from spectune.bench.compare import write_comparison
+
+        comparison = write_comparison(baseline, data, args.out)
+        console.print(f"against {args.baseline}: {comparison[1]} ({comparison[0]})")
     if args.readme is not None:
         from spectune.bench.readme import write_readme_results
 
-        plot = write_readme_results(data, args.out, args.readme)
+        plot = write_readme_results(data, args.out, args.readme, comparison=comparison)
         console.print(f"rewrote the results block of {args.readme} and {plot}")
     return 0
