@@ -105,3 +105,22 @@ def test_the_block_shows_the_verification_cost_curve_and_explains_llamacpp() -> 
     assert "llama-cpp-python's own decoding loop" in block  # a llama.cpp column is there
     no_llama = {**DATA, "rows": [r for r in DATA["rows"] if r["dtype"] != "llamacpp"]}
     assert "llama-cpp-python" not in readme_block(no_llama, "p.png", datetime.date(2026, 12, 6))
+
+
+def test_the_block_reads_the_figures_per_runtime_off_the_same_run() -> None:
+    """The "when speculation pays" figures come from the run, so they never go stale."""
+    curves = {"int4": {"spectune": {"sizes": [1, 2, 4], "relative": [1.0, 1.3, 1.9]}}}
+    rows = [
+        {**r, "acceptance_rate": 0.41} if r["system"] == "spectune suffix K=2" else r
+        for r in DATA["rows"]
+    ]
+    block = readme_block({**DATA, "rows": rows, "curves": curves}, "p.png", datetime.date.today())
+    lines = [line for line in block.splitlines() if line.startswith("- ")]
+    assert lines == [
+        "- int4: a pass over 4 tokens costs 1.90x a pass over one; acceptance 41%; speculation "
+        "0.98-1.10x over plain decoding; plain decoding 50.0-55.0 tokens/s; fastest suffix K=2 "
+        "at T = 0 (60.5 tokens/s).",
+        "- fp32: acceptance 41%; speculation 1.30x over plain decoding; plain decoding 20.0 "
+        "tokens/s; fastest suffix K=2 at T = 0 (26.0 tokens/s).",
+        "- llama.cpp: fastest llama.cpp plain at T = 0 (90.0 tokens/s).",
+    ]

@@ -9,9 +9,9 @@ The standard error is a paired jackknife over the prompts both runs timed: leavi
 prompt out of both runs, the difference of the two pooled speedups (tokens over seconds,
 the system's against plain decoding's) is recomputed; the spread of those n values gives
 the difference's standard error. A cell whose difference exceeds two standard errors moved
-beyond the per-prompt noise: under that noise alone it would do so about 5% of the time, so
-a few such cells among dozens are expected; many, or all in one direction, mean the machine
-or the code changed.
+beyond the per-prompt noise: under that noise alone it would do so 5-7% of the time (about
+7% over 14 prompts, a t distribution with 13 degrees of freedom), so a few such cells among
+dozens are expected; many, or all in one direction, mean the machine or the code changed.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from spectune.bench.readme import runtime_name
+from spectune.bench.summary import PLAIN  # every speedup is over it, llama.cpp's own too
 from spectune.errors import InvalidParameterError
 
 __all__ = [
@@ -37,7 +39,6 @@ __all__ = [
 ]
 
 BEYOND = 2.0  # standard errors: a difference past this is reported as beyond noise
-PLAIN = "spectune plain"  # every speedup, llama.cpp's own loop's too, is over this system
 
 Cell = tuple[str, str, float]  # (system, dtype, temperature)
 Timings = dict[str, tuple[int, float]]  # prompt id -> (tokens, seconds) over repeats
@@ -160,10 +161,6 @@ def compare_runs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[CellCha
     return changes
 
 
-def _runtime(dtype: str) -> str:
-    return "llama.cpp" if dtype == "llamacpp" else dtype
-
-
 def _speedup(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
 
@@ -179,7 +176,7 @@ def summary_line(changes: Sequence[CellChange]) -> str:
     return (
         f"{len(judged) - len(beyond)} of {len(judged)} speedups moved less than {BEYOND:g} "
         f"standard errors; the median move {statistics.median(moves):.2f}x, the largest "
-        f"{moves[-1]:.2f}x, the mean difference {mean:+.2f}x."
+        f"{moves[-1]:.2f}x, the mean difference {mean:+z.2f}x."
     )
 
 
@@ -211,11 +208,11 @@ def comparison_markdown(
         if c.difference is None:
             moved = ""
         elif c.stderr is None:
-            moved = f"{c.difference:+.2f}x"
+            moved = f"{c.difference:+z.2f}x"
         else:
-            moved = f"{c.difference:+.2f}x ± {c.stderr:.2f}"
+            moved = f"{c.difference:+z.2f}x ± {c.stderr:.2f}"
         lines.append(
-            f"| {c.system.removeprefix('spectune ')} | {_runtime(c.dtype)} | {c.temperature:g} "
+            f"| {c.system.removeprefix('spectune ')} | {runtime_name(c.dtype)} | {c.temperature:g} "
             f"| {c.old_tps:.1f} | {c.new_tps:.1f} | {_speedup(c.old_speedup)} "
             f"| {_speedup(c.new_speedup)} | {moved} | {'yes' if c.beyond_noise else ''} |"
         )

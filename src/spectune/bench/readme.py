@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.bench.plots import speedup_heatmap
+from spectune.bench.summary import PLAIN
 from spectune.errors import InvalidParameterError
 from spectune.models.llamacpp import llama_cpp_available
 
@@ -30,6 +31,7 @@ __all__ = [
     "readme_block",
     "results_block",
     "rewrite_readme",
+    "runtime_name",
     "write_readme_results",
 ]
 
@@ -78,8 +80,7 @@ def preset() -> dict[str, Any]:
 
 def _columns(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
     keys = {(r["dtype"], r["temperature"]) for r in rows}
-    rank = {name: i for i, name in enumerate(RUNTIME_ORDER)}
-    return sorted(keys, key=lambda k: (rank.get(k[0], len(rank)), k[0], k[1]))
+    return sorted(keys, key=lambda k: (*_runtime_rank(k[0]), k[1]))
 
 
 def _label(system: str) -> str:
@@ -89,12 +90,21 @@ def _label(system: str) -> str:
 def _systems(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Plain decoding first, then the order the benchmark ran them."""
     seen = list(dict.fromkeys(r["system"] for r in rows))
-    return sorted(seen, key=lambda s: (s != "spectune plain", "llama.cpp" in s, seen.index(s)))
+    return sorted(seen, key=lambda s: (s != PLAIN, "llama.cpp" in s, seen.index(s)))
+
+
+def runtime_name(dtype: str) -> str:
+    """A runtime as tables name it: ``llamacpp`` is ``llama.cpp``, a precision itself."""
+    return "llama.cpp" if dtype == "llamacpp" else dtype
+
+
+def _runtime_rank(dtype: str) -> tuple[int, str]:
+    rank = {name: i for i, name in enumerate(RUNTIME_ORDER)}
+    return rank.get(dtype, len(rank)), dtype
 
 
 def _column_name(dtype: str, temperature: float) -> str:
-    runtime = "llama.cpp" if dtype == "llamacpp" else dtype
-    return f"{runtime}, T = {temperature:g}"
+    return f"{runtime_name(dtype)}, T = {temperature:g}"
 
 
 def readme_block(
@@ -142,6 +152,7 @@ def readme_block(
     if any(dtype == "llamacpp" for dtype, _ in columns):
         lines += ["", LLAMACPP_NOTE]
     lines += _curve_lines(data.get("curves", {}))
+    lines += _reading_lines(rows, data.get("curves", {}))
     lines += ["", f"![Speedup over plain decoding per system and runtime]({plot})", END]
     return "\n".join(lines)
 
@@ -164,13 +175,63 @@ def _curve_lines(curves: Mapping[str, Mapping[str, Any]]) -> list[str]:
         "| runtime | " + " | ".join(f"n = {n}" for n in sizes) + " |",
         "|---|" + "---:|" * len(sizes),
     ]
-    rank = {name: i for i, name in enumerate(RUNTIME_ORDER)}
-    for dtype in sorted(measured, key=lambda d: (rank.get(d, len(rank)), d)):
+    for dtype in sorted(measured, key=_runtime_rank):
         curve = measured[dtype]
         by_size = dict(zip(curve["sizes"], curve["relative"], strict=True))
         cells = [f"{by_size[n]:.2f}x" if n in by_size else "" for n in sizes]
-        runtime = "llama.cpp" if dtype == "llamacpp" else dtype
-        lines.append(f"| {runtime} | " + " | ".join(cells) + " |")
+        lines.append(f"| {runtime_name(dtype)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _range(values: Sequence[float], unit: str, digits: int, scale: float = 1.0) -> str:
+    low, high = min(values) * scale, max(values) * scale
+    if round(low, digits) == round(high, digits):
+        return f"{low:.{digits}f}{unit}"
+    return f"{low:.{digits}f}-{high:.{digits}f}{unit}"
+
+
+def _reading_lines(
+    rows: Sequence[Mapping[str, Any]], curves: Mapping[str, Mapping[str, Any]]
+) -> list[str]:
+    """Per runtime, what the README's "when speculation pays" rests on, read off this run:
+    the cost of verifying 4 and 16 tokens, the drafters' acceptance, the speedups of
+    spectune's speculative systems, plain decoding's tokens/s and the fastest system."""
+    lines = ["", "Per runtime, from the same run (both temperatures):", ""]
+    for dtype in sorted({r["dtype"] for r in rows}, key=_runtime_rank):
+        mine = [r for r in rows if r["dtype"] == dtype]
+        speculative = [
+            r
+            for r in mine
+            if r["system"].startswith("spectune ")
+            and r["system"] != PLAIN
+            and r["speedup_vs_plain"] is not None
+        ]
+        parts = []
+        curve = curves.get(dtype, {}).get("spectune")
+        if curve:
+            by_size = dict(zip(curve["sizes"], curve["relative"], strict=True))
+            costs = [(n, by_size[n]) for n in (4, 16) if n in by_size]
+            if costs:
+                (n, v), *more = costs
+                parts.append(
+                    f"a pass over {n} tokens costs {v:.2f}x a pass over one"
+                    + "".join(f", over {m} tokens {w:.2f}x" for m, w in more)
+                )
+        accepted = [r["acceptance_rate"] for r in speculative if r.get("acceptance_rate")]
+        if accepted:
+            parts.append(f"acceptance {_range(accepted, '%', 0, 100)}")
+        if speculative:
+            speedups = [r["speedup_vs_plain"] for r in speculative]
+            parts.append(f"speculation {_range(speedups, 'x', 2)} over plain decoding")
+        plain = [r["tokens_per_second"] for r in mine if r["system"] == PLAIN]
+        if plain:
+            parts.append(f"plain decoding {_range(plain, '', 1)} tokens/s")
+        best = max(mine, key=lambda r: r["tokens_per_second"])
+        parts.append(
+            f"fastest {_label(best['system'])} at T = {best['temperature']:g} "
+            f"({best['tokens_per_second']:.1f} tokens/s)"
+        )
+        lines.append(f"- {runtime_name(dtype)}: " + "; ".join(parts) + ".")
     return lines
 
 
@@ -199,7 +260,7 @@ def _plot(data: Mapping[str, Any], path: Path) -> None:
     rows = [r for r in data["rows"] if r["category"] == "all"]
     columns = _columns(rows)
     cells = {(r["system"], r["dtype"], r["temperature"]): r for r in rows}
-    systems = [s for s in _systems(rows) if s not in ("spectune plain", "llama.cpp plain")]
+    systems = [s for s in _systems(rows) if s not in (PLAIN, "llama.cpp plain")]
     values = [
         [cells.get((s, d, t), {}).get("speedup_vs_plain") for d, t in columns] for s in systems
     ]
