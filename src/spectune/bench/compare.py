@@ -17,6 +17,7 @@ dozens are expected; many, or all in one direction, mean the machine or the code
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -24,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spectune.bench.readme import runtime_name
+from spectune.bench.readme import Cell, all_cells, runtime_name
 from spectune.bench.summary import PLAIN  # every speedup is over it, llama.cpp's own too
 from spectune.errors import InvalidParameterError
 
@@ -40,7 +41,6 @@ __all__ = [
 
 BEYOND = 2.0  # standard errors: a difference past this is reported as beyond noise
 
-Cell = tuple[str, str, float]  # (system, dtype, temperature)
 Timings = dict[str, tuple[int, float]]  # prompt id -> (tokens, seconds) over repeats
 
 
@@ -71,8 +71,6 @@ class CellChange:
 def load_baseline(path: Path) -> dict[str, Any]:
     """A previous run's ``results.json``; ``InvalidParameterError`` for one that cannot be
     read or is not a benchmark's results."""
-    import json
-
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -82,14 +80,6 @@ def load_baseline(path: Path) -> dict[str, Any]:
             f"--baseline {path} is not a benchmark's results.json (no 'rows' list)"
         )
     return data
-
-
-def _rows(data: Mapping[str, Any]) -> dict[Cell, Mapping[str, Any]]:
-    return {
-        (r["system"], r["dtype"], float(r["temperature"])): r
-        for r in data["rows"]
-        if r.get("category") == "all"
-    }
 
 
 def _timings(data: Mapping[str, Any]) -> dict[Cell, Timings]:
@@ -135,7 +125,7 @@ def _stderr(
 def compare_runs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[CellChange]:
     """Every cell both runs hold, in the new run's order; plain decoding's with its tokens/s
     only (its speedup is 1 by definition)."""
-    old_rows, new_rows = _rows(old), _rows(new)
+    old_rows, new_rows = all_cells(old), all_cells(new)
     old_times, new_times = _timings(old), _timings(new)
     changes = []
     for cell, row in new_rows.items():

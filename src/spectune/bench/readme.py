@@ -26,6 +26,8 @@ from spectune.models.llamacpp import llama_cpp_available
 
 __all__ = [
     "BEGIN",
+    "Cell",
+    "all_cells",
     "END",
     "preset",
     "readme_block",
@@ -78,6 +80,18 @@ def preset() -> dict[str, Any]:
     }
 
 
+Cell = tuple[str, str, float]  # (system, dtype, temperature)
+
+
+def all_cells(data: Mapping[str, Any]) -> dict[Cell, Mapping[str, Any]]:
+    """A run's rows over all categories, by (system, dtype, temperature), in run order."""
+    return {
+        (r["system"], r["dtype"], float(r["temperature"])): r
+        for r in data["rows"]
+        if r.get("category") == "all"
+    }
+
+
 def _columns(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
     keys = {(r["dtype"], r["temperature"]) for r in rows}
     return sorted(keys, key=lambda k: (*_runtime_rank(k[0]), k[1]))
@@ -113,11 +127,11 @@ def readme_block(
     """The README's results block (between ``BEGIN`` and ``END``) for one run's
     ``results.json``; ``plot``: the heatmap's path relative to the README; ``comparison``: a
     line on how this run compares with the previous one (``spectune.bench.compare``)."""
-    rows = [r for r in data["rows"] if r["category"] == "all"]
+    cells = all_cells(data)
+    rows = list(cells.values())
     if not rows:
         raise InvalidParameterError("the results hold no rows to tabulate")
     columns = _columns(rows)
-    cells = {(r["system"], r["dtype"], r["temperature"]): r for r in rows}
     env = data["environment"]
     schedule = data["schedule"]
     lines = [
@@ -257,9 +271,9 @@ def rewrite_readme(readme: Path, block: str) -> None:
 
 
 def _plot(data: Mapping[str, Any], path: Path) -> None:
-    rows = [r for r in data["rows"] if r["category"] == "all"]
+    cells = all_cells(data)
+    rows = list(cells.values())
     columns = _columns(rows)
-    cells = {(r["system"], r["dtype"], r["temperature"]): r for r in rows}
     systems = [s for s in _systems(rows) if s not in (PLAIN, "llama.cpp plain")]
     values = [
         [cells.get((s, d, t), {}).get("speedup_vs_plain") for d, t in columns] for s in systems
