@@ -57,15 +57,26 @@ def test_select_result_to_vllm(tmp_path: Path) -> None:
         "num_speculative_tokens": 5,
         "disable_by_batch_size": 8,
     }
-    assert plan.notes == []
+    # A hub id is passed on as one, and said so: it is not a path here.
+    assert len(plan.notes) == 1 and "hub id" in plan.notes[0]
 
 
-def test_sglang_chain_flags() -> None:
-    plan = to_sglang(Tuning("/models/draft", 3, target="/models/target"))
+def lm_folder(path: Path) -> Path:
+    """A folder that reads as a spectune distill --kind lm draft (no weights needed to
+    tell its kind)."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (path / "spectune_draft.json").write_text(json.dumps({"kind": "lm"}))
+    return path
+
+
+def test_sglang_chain_flags(tmp_path: Path) -> None:
+    draft = lm_folder(tmp_path / "draft").resolve()
+    plan = to_sglang(Tuning(str(draft), 3, target="/models/target"))
     flags = dict(zip(plan.args[::2], plan.args[1::2], strict=True))
     assert flags == {
         "--speculative-algorithm": "STANDALONE",
-        "--speculative-draft-model-path": "/models/draft",
+        "--speculative-draft-model-path": str(draft),
         "--speculative-num-steps": "3",
         "--speculative-eagle-topk": "1",
         "--speculative-num-draft-tokens": "4",
@@ -144,7 +155,7 @@ def test_k_by_batch_size_gives_the_threshold(tmp_path: Path) -> None:
 
 
 def test_threshold_below_two_is_a_note_for_vllm() -> None:
-    plan = to_vllm(Tuning("d", 2, speculate_max_batch=1, target="t"))
+    plan = to_vllm(Tuning("org/d", 2, speculate_max_batch=1, target="t"))
     assert "disable_by_batch_size" not in plan.speculative_config
     assert any(">= 2" in note for note in plan.notes)
 
@@ -195,8 +206,10 @@ def _flags(words: list[str]) -> dict[str, str]:
     return dict(zip(words[1::2], words[2::2], strict=True))
 
 
-def test_llamacpp_draft_model_flags() -> None:
-    plan = to_llamacpp(Tuning("/models/draft.gguf", 5, target="/models/target.gguf"))
+def test_llamacpp_draft_model_flags(tmp_path: Path) -> None:
+    draft = (tmp_path / "draft.gguf").resolve()
+    draft.write_bytes(b"GGUF")
+    plan = to_llamacpp(Tuning(str(draft), 5, target="/models/target.gguf"))
     words = shlex.split(plan.command)
     assert words[0] == "llama-server"
     flags = _flags(words)
@@ -204,7 +217,7 @@ def test_llamacpp_draft_model_flags() -> None:
     assert flags == {
         "--model": "/models/target.gguf",
         "--spec-type": "draft-simple",  # without it a plain draft GGUF is never used
-        "--spec-draft-model": "/models/draft.gguf",
+        "--spec-draft-model": str(draft),
         "--spec-draft-n-max": "5",
         "--spec-draft-n-min": "0",
         "--spec-draft-p-min": "0",
@@ -225,10 +238,10 @@ def test_llamacpp_ngram_flags_and_notes() -> None:
     assert "GGUF" in notes  # the placeholder target is not a GGUF file
 
 
-def test_llamacpp_wants_gguf_drafts(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["export", "--to", "llamacpp", "--draft", "/models/draft", "--k", "3", "--json"]
-    assert main([*argv, "--target", "t.gguf"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["engine"] == "llamacpp"
-    assert any("convert_hf_to_gguf" in note for note in out["notes"])
-    assert out["args"][out["args"].index("--spec-draft-n-max") + 1] == "3"
+def test_llamacpp_wants_gguf_drafts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    draft = lm_folder(tmp_path / "draft")
+    argv = ["export", "--to", "llamacpp", "--draft", str(draft), "--k", "3", "--json"]
+    assert main([*argv, "--target", "t.gguf"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "GGUF" in captured.err and "spectune tune --engine llamacpp" in captured.err

@@ -27,19 +27,20 @@ from spectune.control.crossover import curve_for_this_machine
 from spectune.control.tune import policy_toml
 from spectune.drafters.pairing import load_target
 from spectune.errors import InvalidParameterError, PromptError
-from spectune.export import Tuning, export
+from spectune.export import (
+    ENGINE_NAMES,
+    Tuning,
+    draft_refusal,
+    export,
+    resolve_draft,
+    target_refusal,
+)
 from spectune.prompts import load_prompts
 
 __all__ = ["register"]
 
 DEFAULT_DRAFTS = ("smollm2-draft", "suffix")
-ENGINES = {
-    "spectune": "spectune",
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "llama.cpp": "llamacpp",
-    "llamacpp": "llamacpp",
-}
+ENGINES = {"spectune": "spectune", **ENGINE_NAMES}
 # Flags whose default --quick changes (fewer prompts and tokens, one temperature, the top 2
 # verified, no tuned policy): dest -> (default, with --quick). A flag given on the command
 # line wins.
@@ -207,6 +208,9 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args, () if traffic is None else traffic.temperatures)
     specs = list(args.draft or DEFAULT_DRAFTS)
     check_candidate_paths(specs)
+    notes: list[str] = []
+    if ENGINES[args.engine] != "spectune":
+        specs = _exportable(specs, args, notes)
     set_threads(args.threads)
     chosen = []
     if traffic is None:
@@ -221,7 +225,6 @@ def run(args: argparse.Namespace) -> int:
         device=settings.device,
         runtime=args.runtime,
     )
-    notes: list[str] = []
     if traffic is not None:
         traffic.check(target.model.info.name, target.model.info.vocab_size)
         prompts = traffic.prompts
@@ -248,6 +251,25 @@ def run(args: argparse.Namespace) -> int:
         advice = advise(target, args.target, specs, prompts, settings, on_progress=on_progress)
     _write(advice, args, console)
     return 0
+
+
+def _exportable(specs: list[str], args: argparse.Namespace, notes: list[str]) -> list[str]:
+    """The candidates the export's engine can load: a draft it cannot is an error when given
+    with --draft, left out with a note when a default; the target must be one it loads."""
+    engine = ENGINES[args.engine]
+    target = target_refusal(args.target, engine)
+    if target is not None:
+        raise InvalidParameterError(f"--engine {args.engine}: {target}")
+    refused = {spec: draft_refusal(resolve_draft(spec), engine) for spec in specs}
+    reasons = [reason for reason in refused.values() if reason is not None]
+    if reasons and args.draft is not None:
+        raise InvalidParameterError(f"--engine {args.engine}: {reasons[0]}")
+    if len(reasons) == len(specs):
+        raise InvalidParameterError(
+            f"--engine {args.engine} loads none of the default drafts: " + "; ".join(reasons)
+        )
+    notes.extend(f"{spec} left out: {reason}" for spec, reason in refused.items() if reason)
+    return [spec for spec, reason in refused.items() if reason is None]
 
 
 def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:

@@ -1,4 +1,5 @@
-"""``spectune export --to vllm|sglang|llamacpp``: a tuned setup as another engine's flags."""
+"""``spectune export --to vllm|sglang|llamacpp``: a tuned setup as another engine's flags, or a
+one-line refusal (exit status 2) when the engine cannot load its draft or target."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from spectune.errors import InvalidParameterError
-from spectune.export import ENGINES, Tuning, export, read_tuning
+from spectune.export import (
+    DRAFT_TEMPLATE,
+    ENGINE_NAMES,
+    Tuning,
+    engine_name,
+    export_best,
+    read_tunings,
+)
 
 __all__ = ["register"]
 
@@ -19,13 +27,21 @@ def register(subparsers: Any) -> None:
         "export",
         help="turn a select/bench result into vLLM, SGLang or llama.cpp speculative-decoding flags",
         description="Reads a 'spectune select' JSON (recommendation.draft, recommendation.k) "
-        "or a 'spectune bench' results.json (best spectune row by speedup); explicit "
-        "options override what the file says.",
+        "or a 'spectune bench' results.json (the best spectune row by speedup whose draft the "
+        "engine can load, with a note for better ones it cannot); explicit options override "
+        "what the file says. A draft or target the engine cannot load is refused in one line.",
     )
     parser.add_argument("result", nargs="?", type=Path, help="select or bench result JSON")
-    parser.add_argument("--to", required=True, choices=ENGINES, help="the engine to export to")
-    parser.add_argument("--target", help="the target model path or hub id for the command")
-    parser.add_argument("--draft", help="draft model path or hub id, or 'ngram'")
+    parser.add_argument(
+        "--to", required=True, choices=tuple(ENGINE_NAMES), help="the engine to export to"
+    )
+    parser.add_argument(
+        "--target", help="the target: a path, hub id or 'default' (llama.cpp: a .gguf)"
+    )
+    parser.add_argument(
+        "--draft",
+        help="a draft model folder, GGUF file, shipped draft name or hub id, or 'ngram', 'suffix'",
+    )
     parser.add_argument("--k", type=int, help="draft tokens per step")
     parser.add_argument(
         "--speculate-max-batch", type=int, help="no speculation above this many running requests"
@@ -36,19 +52,25 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.result is not None:
-        tuning = read_tuning(args.result)
+        tunings = read_tunings(args.result)
     elif args.draft is not None and args.k is not None:
-        tuning = Tuning(draft=args.draft, k=args.k)
+        tunings = [Tuning(draft=args.draft, k=args.k)]
     else:
         raise InvalidParameterError("give a result file, or both --draft and --k")
+    if args.draft == DRAFT_TEMPLATE:
+        raise InvalidParameterError(
+            f"--draft {DRAFT_TEMPLATE} is a placeholder: give the draft's folder, file or hub id"
+        )
     overrides = {
         "draft": args.draft,
         "k": args.k,
         "speculate_max_batch": args.speculate_max_batch,
         "target": args.target,
     }
-    tuning = replace(tuning, **{k: v for k, v in overrides.items() if v is not None})
-    plan = export(tuning, args.to)
+    tunings = [replace(t, **{k: v for k, v in overrides.items() if v is not None}) for t in tunings]
+    if args.draft is not None:
+        tunings = tunings[:1]  # the file's ranking is of its own drafts
+    plan = export_best(tunings, engine_name(args.to))
     if args.json:
         print(json.dumps(plan.as_json(), indent=2))
         return 0
