@@ -59,3 +59,9 @@ results: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
+
+# vLLM's own virtualenv (the CPU build, pinned), kept in the user cache and keyed by version
+# so every clone shares it; a second run costs nothing (scripts/setup-vllm.sh).
+.PHONY: vllm
+vllm:
+	bash scripts/setup-vllm.sh

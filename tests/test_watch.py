@@ -19,10 +19,17 @@ from spectune.cli import main
 from spectune.cli.tune_llamacpp import default_server_binary
 from spectune.cli.watch import metrics_url
 from spectune.drafters.model import ModelDrafter
+from spectune.engines.costs import COSTS_FORMAT, StepCosts, load_costs, save_costs
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
 from spectune.monitor.remote import EndpointError, counts_of_timings, read_exposition
-from spectune.monitor.watch import CostAssumptions, Watcher, advise, kept_by_position
+from spectune.monitor.watch import (
+    NO_COSTS_NOTE,
+    CostAssumptions,
+    Watcher,
+    advise,
+    kept_by_position,
+)
 from spectune.records import SpecCounts
 from spectune.server import create_app
 from spectune.server.engines import DraftSource
@@ -70,7 +77,11 @@ def test_llamacpp_reader_gives_the_recorded_servers_totals() -> None:
     assert c.accepted_at == [14, 3, 0, 0] and c.tested_at == [70] * 4
     report = Watcher().observe(reading)
     assert report.acceptance == pytest.approx(17 / 276)
-    assert report.advice is not None  # 6% acceptance: below the disable line
+    assert report.advice is None  # no measured costs
+    # With them (a draft token at 0.3 of a target step, flat verification): the first
+    # position, kept by 20% of drafts, does not pay for it (S(1) = 1.2 / 1.3).
+    advice = Watcher(flat(0.3)).observe(reading).advice
+    assert advice is not None and advice.action == "disable"
 
 
 def test_an_older_llamacpp_says_its_metrics_hold_no_draft_counts() -> None:
@@ -127,11 +138,16 @@ def test_the_window_is_the_difference_and_a_restart_is_a_reset() -> None:
         reports.append(watcher.observe(type(reading)("vllm", c, reading.measured, k=2)))
     assert [r.window for r in reports] == ["since start", "since last scrape", "since restart"]
     assert reports[1].acceptance == pytest.approx(50 / 100)
-    assert reports[2].counts == readings[2] and "restarted" in reports[2].notes[-1]
+    assert reports[2].counts == readings[2]
+    assert any("restarted" in note for note in reports[2].notes)
+
+
+def flat(draft_cost: float, max_k: int = 8, slope: float = 0.0) -> StepCosts:
+    return StepCosts(draft_cost, tuple(1.0 + slope * k for k in range(max_k + 1)), "test")
 
 
 def test_advice_on_hand_computed_cases() -> None:
-    costs = CostAssumptions(draft_cost=0.1, verify_slope=0.0)  # v(k) = 1
+    costs = flat(0.1)  # v(k) = 1
     kept = kept_by_position(counts(100, [80, 60]), 8)
     assert kept is not None
     # Measured 0.8, 0.6; then decaying by 0.6 / 0.8 = 0.75 per position.
@@ -147,14 +163,72 @@ def test_advice_on_hand_computed_cases() -> None:
     assert (lower.action, lower.change) == ("lower", "--spec-draft-n-max 5")
     # Without per-position counts: the i.i.d. formula (1 - a^(k+1)) / (1 - a).
     # c = 0.2: S(1) = 1.6 / 1.2 = 1.333, S(2) = 1.96 / 1.4 = 1.4, S(3) = 2.176 / 1.6 = 1.36.
-    iid = advise(0.6, None, 4, "sglang", CostAssumptions(0.2, 0.0))
+    iid = advise(0.6, None, 4, "sglang", flat(0.2))
     assert iid.k == 2 and iid.speedup == pytest.approx((1 + 0.6 + 0.36) / 1.4)
     assert iid.change == (
         "--speculative-num-steps 2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3"
     )
-    off = advise(0.4, None, 4, "vllm", costs)
+    # Acceptance 40% at a draft cost of 0.1 still pays (S(1) = 1.4 / 1.1): only the costs
+    # decide; at the cost of a draft as large as the target nothing does.
+    assert advise(0.4, None, 4, "vllm", costs).k >= 1
+    off = advise(0.9, None, 2, "vllm", flat(1.0, slope=1.0))
     assert (off.action, off.k, off.change) == ("disable", 0, "serve without --speculative-config")
-    assert advise(0.9, None, 2, "spectune", CostAssumptions(1.0, 1.0)).action == "disable"
+
+
+def test_advice_stops_at_the_last_measured_k() -> None:
+    # Measured up to K = 3 only: K = 5 would predict more, but nothing measured it.
+    costs = StepCosts(0.0, (1.0, 1.02, 1.04, 1.06), "profile.json")
+    kept = [0.9] * 8
+    advice = advise(0.9, kept, 5, "vllm", costs)
+    assert advice.k == 3 and advice.current_speedup is None
+    assert "past the measured costs" in advice.reason
+    assert advice.as_json()["costs"] == {
+        "source": "profile.json",
+        "draft_cost": 0.0,
+        "verify": [1.0, 1.02, 1.04, 1.06],
+    }
+
+
+def test_no_measured_costs_no_predicted_speedup() -> None:
+    """The case that advised 'raise K to 8, predicted 5.77x' from assumed costs: a draft as
+    costly as the target at K = 2. Without measured costs, acceptance and one note."""
+    reading = read_exposition(vllm_text(300, [250, 200]))
+    report = Watcher().observe(reading)
+    assert report.advice is None and report.acceptance == pytest.approx(450 / 600)
+    assert report.kept_by_position == pytest.approx((250 / 300, 200 / 300))
+    assert NO_COSTS_NOTE in report.notes
+    assert report.as_json()["advice"] is None
+    # The command line's cost flags, left unset, are no costs either.
+    assert Watcher(CostAssumptions()).observe(reading).advice is None
+    # Measured: the draft costs one target step per token, verification is flat.
+    measured = Watcher(flat(1.0, max_k=8)).observe(read_exposition(vllm_text(300, [250, 200])))
+    assert measured.advice is not None and measured.advice.action == "disable"
+    assert NO_COSTS_NOTE not in measured.notes
+
+
+def test_a_cost_profile_file_loads_and_bad_ones_are_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "costs.json"
+    save_costs(StepCosts(0.05, (1.0, 1.1, 1.2), "tune", engine="vllm"), path, "spectune tune")
+    loaded = load_costs(path)
+    assert (loaded.draft_cost, loaded.verify, loaded.engine) == (0.05, (1.0, 1.1, 1.2), "vllm")
+    assert loaded.max_k == 2 and loaded.step(2) == pytest.approx(1.3)
+    bad = {
+        "missing.json": None,
+        "text.json": "not json",
+        "other.json": json.dumps({"format": "something"}),
+        "short.json": json.dumps(
+            {"format": COSTS_FORMAT, "version": 1, "draft_cost": 0.1, "verify": [1.0]}
+        ),
+        "negative.json": json.dumps(
+            {"format": COSTS_FORMAT, "version": 1, "draft_cost": -1, "verify": [1.0, 1.1]}
+        ),
+    }
+    for name, text in bad.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        with pytest.raises(InvalidParameterError) as info:
+            load_costs(tmp_path / name)
+        assert "\n" not in str(info.value)
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +260,8 @@ def test_watch_once_json_matches_a_spectune_servers_own_totals(
     assert (report["draft_tokens"], report["accepted"]) == (drafted, accepted)
     assert report["acceptance_rate"] == pytest.approx(accepted / drafted)
     assert report["checks"]["fallback frequency"]["status"] != "n/a"
-    assert report["advice"]["current_k"] == 4  # the toy service's fixed K
+    assert report["k"] == 4  # the toy service's fixed K
+    assert report["advice"] is None and NO_COSTS_NOTE in report["notes"]
 
     assert main(["watch", served, "--once"]) == 2  # no key
     assert "needs an API key" in capsys.readouterr().err
@@ -269,23 +344,32 @@ def test_live_table_prints_the_advice_and_errors_as_lines(
         assert main(["watch", url, "--polls", "2", "--interval", "0.01"]) == 0
     out = capsys.readouterr().out
     assert "still watching" in out and "acceptance rate" in out
+    assert "speedup not predicted" in out and "disable" not in out
+    stated = ["--draft-cost", "0.5", "--verify-slope", "0.5"]  # measured by the user
+    with canned(vllm_text(100, [30, 10])) as url:
+        assert main(["watch", url, "--polls", "1", *stated]) == 0
+    out = capsys.readouterr().out
     assert "disable speculation" in out and "serve without --speculative-config" in out
 
 
 def test_spectunes_own_draft_time_sets_the_draft_cost() -> None:
-    c = counts(50, [40, 30])  # 100 draft tokens over 50 steps
+    c = counts(50, [40, 30])  # 100 draft tokens over 50 steps: 2 per step
     c.draft_time, c.target_time, c.step_time = 1.0, 10.0, 11.0
     reading = read_exposition(fixture("vllm"))
     timed = type(reading)("spectune", c, frozenset({"draft_time", "per_position"}), k=2)
-    report = Watcher(CostAssumptions(draft_cost=0.9)).observe(timed)
+    profile = flat(0.9, slope=0.1)  # v(2) = 1.2
+    report = Watcher(profile).observe(timed)
     assert report.advice is not None
-    # (1.0 s / 100 draft tokens) / (10.0 s / 50 steps) = 0.05 of a target step per token.
-    assert report.advice.costs.draft_cost == pytest.approx(0.05)
+    # A plain step: (10.0 s / 50 steps) / v(2) = 1/6 s; a draft token: 1.0 s / 100 = 0.01 s.
+    assert report.advice.costs.draft_cost == pytest.approx(0.01 * 6)
+    assert report.advice.costs.verify == profile.verify
     assert report.checks[1].value == pytest.approx(1.0 / 11.0)  # draft share, measured
     untimed = type(reading)("vllm", c, frozenset({"per_position"}), k=2)
-    report = Watcher(CostAssumptions(draft_cost=0.9)).observe(untimed)
+    report = Watcher(profile).observe(untimed)
     assert report.advice is not None and report.advice.costs.draft_cost == 0.9
     assert report.checks[1].status == "n/a"  # vLLM: no draft time
+    # Timing without a profile predicts nothing: it has no plain step to compare with.
+    assert Watcher().observe(timed).advice is None
 
 
 def llama_server_binary() -> str | None:
@@ -326,4 +410,4 @@ def test_watch_on_a_real_llama_server_with_a_draft_agrees_with_its_responses(
     assert (report["draft_tokens"], report["accepted"]) == (drafted, accepted)
     assert report["acceptance_rate"] == pytest.approx(accepted / drafted)
     assert report["checks"]["acceptance rate"]["status"] != "n/a"
-    assert report["advice"]["current_k"] == 3  # llama.cpp's default --spec-draft-n-max
+    assert report["k"] == 3  # llama.cpp's default --spec-draft-n-max

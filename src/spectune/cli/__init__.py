@@ -17,6 +17,7 @@ from typing import NoReturn, TextIO
 from spectune.cli import (
     advise,
     bench,
+    convert,
     corpus,
     distill,
     experiment,
@@ -46,6 +47,7 @@ COMMANDS = (
     experiment,
     serve,
     export,
+    convert,
     suffix,
     watch,
 )

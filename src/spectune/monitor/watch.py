@@ -3,51 +3,73 @@
 ``Watcher.observe(reading)`` takes one ``EngineReading`` (``spectune.monitor.remote``) and
 returns a ``WatchReport``: the counts since the last scrape (the first scrape: since the
 engine started; counters that went down: a restart, counted from it), the rates derived
-from them, the health targets (``spectune.monitor.health``; draft share and fallback only
-where the engine measures them) and, below 50% acceptance, the advice to disable.
+from them (acceptance overall and per position), the health targets
+(``spectune.monitor.health``; draft share and fallback only where the engine measures
+them) and, where the deployment's costs were measured, the K advice.
 
-The advice (``advise``) is the cost model of ``spectune.control.costs``, fed with the
-per-position acceptance the engine reports: a step of K draft tokens yields
-1 + sum_{j<K} kept(j) tokens, kept(j) the share of drafts that kept position j + 1;
-past the measured positions, kept(j) decays at the last measured position's conditional
-rate. Without per-position counts it falls back to the i.i.d. formula. A remote engine's
-draft cost and verification curve are not measured here: they are ``CostAssumptions``.
+The advice (``advise``) predicts a speedup only from measured costs
+(``spectune.engines.costs.StepCosts``: a cost profile file, with the draft cost measured
+live where the engine times its drafts). Acceptance alone predicts nothing: without
+measured costs the report gives acceptance and one note saying the speedup cannot be
+predicted. The prediction: a step of K draft tokens yields 1 + sum_{j<K} kept(j) tokens,
+kept(j) the share of drafts that kept position j + 1 (past the measured positions, kept(j)
+decays at the last measured position's conditional rate; without per-position counts,
+the i.i.d. formula), and costs ``StepCosts.step(K)`` plain steps. Only the K the costs
+measured are considered.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from dataclasses import dataclass, replace
 from typing import Any
 
-from spectune.control.costs import CostCurve, expected_tokens_per_step, speedup_of_tokens
+from spectune.control.costs import expected_tokens_per_step
+from spectune.engines.costs import StepCosts
 from spectune.export import Tuning, export
 from spectune.monitor.health import HealthCheck, health
 from spectune.monitor.remote import EngineReading
 from spectune.monitor.stats import Rates
 from spectune.records import SpecCounts, ratio
 
-__all__ = ["DISABLE_BELOW", "Advice", "CostAssumptions", "WatchReport", "Watcher", "advise"]
+__all__ = [
+    "NO_COSTS_NOTE",
+    "Advice",
+    "CostAssumptions",
+    "WatchReport",
+    "Watcher",
+    "advise",
+    "kept_by_position",
+]
 
-DISABLE_BELOW = 0.50  # acceptance under which speculation costs more than it saves
 K_FLAGS = (  # the flags of export's plans that carry K (SGLang: a chain of K steps)
     "--speculative-num-steps",
     "--speculative-eagle-topk",
     "--speculative-num-draft-tokens",
     "--spec-draft-n-max",
 )
+NO_COSTS_NOTE = (
+    "speedup not predicted: acceptance alone cannot predict one without this deployment's "
+    "measured costs (a cost profile from tune, or its draft cost and verification slope)"
+)
 
 
 @dataclass(frozen=True)
 class CostAssumptions:
-    """What a remote engine's step costs, in units of one plain target step."""
+    """Costs stated on the command line as a line: ``draft_cost`` per draft token and
+    ``verify_slope`` per extra verified token, in plain target steps. NaN: not stated; only
+    both stated make costs (``stated``)."""
 
-    draft_cost: float = 0.05  # one draft token (a small draft model on a GPU)
-    verify_slope: float = 0.02  # each extra token verified (memory-bound: near flat)
+    draft_cost: float = math.nan
+    verify_slope: float = math.nan
 
-    def curve(self) -> CostCurve:
-        return CostCurve((1, 2), (1.0, 1.0 + self.verify_slope))
+    def stated(self, max_k: int) -> StepCosts | None:
+        if math.isnan(self.draft_cost) or math.isnan(self.verify_slope):
+            return None
+        verify = tuple(1.0 + k * self.verify_slope for k in range(max_k + 1))
+        return StepCosts(self.draft_cost, verify, "--draft-cost / --verify-slope")
 
 
 @dataclass(frozen=True)
@@ -56,10 +78,10 @@ class Advice:
     k: int  # the K advised (0: no speculation)
     current_k: int | None
     speedup: float  # predicted at ``k`` over plain decoding
-    current_speedup: float | None  # predicted at ``current_k``
+    current_speedup: float | None  # predicted at ``current_k`` (None: not measured there)
     reason: str
     change: str | None  # the engine's flags for it (None: keep as is)
-    costs: CostAssumptions = CostAssumptions()  # what the prediction assumed
+    costs: StepCosts  # the measured costs the prediction rests on
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -72,8 +94,7 @@ class Advice:
             else round(self.current_speedup, 4),
             "reason": self.reason,
             "change": self.change,
-            "draft_cost": round(self.costs.draft_cost, 4),
-            "verify_slope": self.costs.verify_slope,
+            "costs": self.costs.as_json(),
         }
 
 
@@ -97,29 +118,27 @@ def advise(
     kept: list[float] | None,
     current_k: int | None,
     engine: str,
-    costs: CostAssumptions,
+    costs: StepCosts,
     max_k: int = 8,
 ) -> Advice:
-    """The K with the highest predicted speedup (see the module), as the engine's change."""
-    curve = costs.curve()
+    """The K with the highest predicted speedup under measured ``costs`` (see the module),
+    as the engine's change; K stops at ``max_k`` and at the last K the costs measured."""
+    top = min(max_k, costs.max_k)
 
     def speedup(k: int) -> float:
         tokens = (
             1.0 + sum(kept[:k]) if kept is not None else expected_tokens_per_step(acceptance, k)
         )
-        return speedup_of_tokens(tokens, costs.draft_cost, curve, k)
+        return tokens / costs.step(k)
 
     best_k, best = 0, 1.0
-    for k in range(1, max_k + 1):
+    for k in range(1, top + 1):
         if speedup(k) > best:
             best_k, best = k, speedup(k)
-    now = speedup(current_k) if current_k is not None else None
-    if acceptance < DISABLE_BELOW or best_k == 0:
-        why = (
-            f"acceptance {acceptance:.0%} is below {DISABLE_BELOW:.0%}"
-            if acceptance < DISABLE_BELOW
-            else "no K beats plain decoding under these costs"
-        )
+    measured_now = current_k is not None and 0 < current_k <= costs.max_k
+    now = speedup(current_k) if measured_now and current_k is not None else None
+    if best_k == 0:
+        why = f"no K up to {top} beats plain decoding under the measured costs"
         return Advice("disable", 0, current_k, 1.0, now, why, _change(engine, 0), costs)
     if current_k is None:
         action = "set"
@@ -130,6 +149,8 @@ def advise(
     reason = f"K = {best_k} predicts {best:.2f}x over plain decoding"
     if now is not None and action != "keep":
         reason += f" (K = {current_k}: {now:.2f}x)"
+    elif current_k is not None and now is None and current_k > 0:
+        reason += f" (K = {current_k} is past the measured costs)"
     change = None if action == "keep" else _change(engine, best_k)
     return Advice(action, best_k, current_k, best, now, reason, change, costs)
 
@@ -156,6 +177,7 @@ def _change(engine: str, k: int) -> str:
 @dataclass(frozen=True)
 class WatchReport:
     engine: str
+    k: int | None  # the deployment's K, as the engine says it (else as given)
     window: str  # "since start" | "since last scrape" | "since restart" | "last batch"
     counts: SpecCounts | None  # the window's counts (None: the engine has only gauges)
     acceptance: float | None
@@ -175,6 +197,7 @@ class WatchReport:
         c = self.counts
         return {
             "engine": self.engine,
+            "k": self.k,
             "window": self.window,
             "steps": None if c is None else c.steps,
             "draft_tokens": None if c is None else c.positions,
@@ -192,12 +215,18 @@ class WatchReport:
 
 
 class Watcher:
-    """Keeps the last scrape's counts; each ``observe`` judges the window since."""
+    """Keeps the last scrape's counts; each ``observe`` judges the window since.
+
+    ``costs``: the deployment's measured costs (``StepCosts``), the command line's stated
+    ones (``CostAssumptions``), or None: then no speedup is predicted."""
 
     def __init__(
-        self, costs: CostAssumptions | None = None, k: int | None = None, max_k: int = 8
+        self,
+        costs: StepCosts | CostAssumptions | None = None,
+        k: int | None = None,
+        max_k: int = 8,
     ) -> None:
-        self.costs = costs or CostAssumptions()
+        self.costs = costs.stated(max_k) if isinstance(costs, CostAssumptions) else costs
         self.k = k  # the deployment's K where the engine does not say it
         self.max_k = max_k
         self._last: SpecCounts | None = None
@@ -240,7 +269,11 @@ class Watcher:
         advice = None
         if acceptance is not None:
             costs = self._costs(reading, counts)
-            advice = advise(acceptance, kept, self._k(reading), reading.engine, costs, self.max_k)
+            if costs is None:
+                notes.append(NO_COSTS_NOTE)
+            else:
+                k = self._k(reading)
+                advice = advise(acceptance, kept, k, reading.engine, costs, self.max_k)
         shown = tuple(
             kept_n / tested
             for kept_n, tested in zip(
@@ -251,19 +284,36 @@ class Watcher:
             if tested > 0
         )
         return WatchReport(
-            reading.engine, window, counts, acceptance, length, shown, checks, advice, tuple(notes)
+            reading.engine,
+            self._k(reading),
+            window,
+            counts,
+            acceptance,
+            length,
+            shown,
+            checks,
+            advice,
+            tuple(notes),
         )
 
-    def _costs(self, reading: EngineReading, counts: SpecCounts | None) -> CostAssumptions:
-        """The assumed costs, with the draft cost measured where the engine times drafts:
-        seconds per draft token over seconds per target step."""
-        if counts is None or "draft_time" not in reading.measured:
-            return self.costs
+    def _costs(self, reading: EngineReading, counts: SpecCounts | None) -> StepCosts | None:
+        """The measured costs, with the draft cost measured live where the engine times its
+        drafts: seconds per draft token over seconds per plain step, the plain step being
+        the engine's target time per step over the costs' v at the mean drafted per step."""
+        costs = self.costs
+        if costs is None or counts is None or "draft_time" not in reading.measured:
+            return costs
         per_token = ratio(counts.draft_time, counts.num_draft_tokens)
         per_step = ratio(counts.target_time, counts.steps)
-        if per_token is None or not per_step:
-            return self.costs
-        return replace(self.costs, draft_cost=per_token / per_step)
+        drafted = ratio(counts.num_draft_tokens, counts.steps)
+        if per_token is None or not per_step or drafted is None or drafted > costs.max_k:
+            return costs
+        low = math.floor(drafted)
+        high = min(low + 1, costs.max_k)
+        verify = costs.verify[low] + (costs.verify[high] - costs.verify[low]) * (drafted - low)
+        plain = per_step / verify
+        source = f"{costs.source}; draft cost from {reading.engine}'s draft timing"
+        return replace(costs, draft_cost=per_token / plain, source=source)
 
     def _k(self, reading: EngineReading) -> int | None:
         return reading.k if reading.k is not None else self.k
