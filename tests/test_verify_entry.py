@@ -1,11 +1,14 @@
 """The one verification entry point (``spectune.verify.draft.verify_draft``) decides as the
-verifiers did before they shared one acceptance test and residual.
+references below, written independently of the verifiers' shared pieces.
 
-The references below are the pre-merge arithmetic (the chain verifier's cumprod form and
-the tree verifier's own residual loop, as they stood before ``spectune.verify.chain``
-wrote ``passes``/``residual``/``recovered_from`` once), kept here as the gold standard:
-for the same raw logits and the same seed the entry point must return the same tokens,
-the same accepted count and path, and consume the same random numbers.
+The references are the chain verifier's cumprod form and the tree verifier's own
+residual loop (as they stood before ``spectune.verify.chain`` wrote
+``passes``/``residual``/``recovered_from`` once), with the documented random numbers:
+acceptance uniforms only for drafts with probabilities, then one target uniform per
+output position the step may decide, the token the target draws itself at a position
+being its inverse-CDF draw at that number (a one-hot draft token kept when it is that
+draw). For the same raw logits and the same seed the entry point must return the same
+tokens, the same accepted count and path, and consume the same random numbers.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from spectune.draft import Draft
-from spectune.sampling import SamplingParams, process_logits, sample_from
+from spectune.draft import Draft, tree_depths
+from spectune.sampling import SamplingParams, process_logits, sample_with
 from spectune.verify.chain import VerifyResult, passes, recovered_from, residual
 from spectune.verify.draft import verify_draft
 
@@ -36,21 +39,23 @@ def reference_chain(
         accepted = int(matches.cumprod(0).sum()) if k else 0
         return accepted, (*tokens[:accepted].tolist(), int(argmax[accepted])), accepted == k
     target = process_logits(logits, params)
+    if probs is None:  # one-hot drafts: the target's own draw at each position
+        numbers = torch.rand(k + 1, generator=gen)
+        drawn = [int(sample_with(target[i], numbers[i])) for i in range(k + 1)]
+        accepted = next((i for i in range(k) if drawn[i] != int(tokens[i])), k)
+        return accepted, (*tokens[:accepted].tolist(), drawn[accepted]), accepted == k
     rows = torch.arange(k)
     target_at = target[rows, tokens]
-    draft_at = torch.ones(k) if probs is None else probs[rows, tokens]
+    draft_at = probs[rows, tokens]
     uniforms = torch.rand(k, generator=gen)
+    numbers = torch.rand(k + 1, generator=gen)
     accepted = int((uniforms * draft_at < target_at).int().cumprod(0).sum()) if k else 0
     if accepted == k:
-        last = sample_from(target[k], gen)
+        last = sample_with(target[k], numbers[k])
     else:
         row = target[accepted]
-        if probs is None:
-            left = row.clone()
-            left[tokens[accepted]] = 0.0
-        else:
-            left = (row - probs[accepted]).clamp_min(0.0)
-        last = sample_from(left if left.sum() > 0 else row, gen)
+        left = (row - probs[accepted]).clamp_min(0.0)
+        last = sample_with(left if left.sum() > 0 else row, numbers[accepted])
     return accepted, (*tokens[:accepted].tolist(), int(last)), accepted == k
 
 
@@ -85,13 +90,23 @@ def reference_tree(
         emitted = [node_tokens[c - 1] for c in path] + [argmax[current]]
         return len(path), tuple(emitted), not children[current], tuple(path)
     target = process_logits(logits, params)
-    uniforms = torch.rand(len(node_tokens), generator=gen)
+    uniforms = torch.rand(len(node_tokens), generator=gen) if probs is not None else None
+    numbers = torch.rand(max(tree_depths(parents.tolist()), default=0) + 1, generator=gen)
     while True:
         target_row = target[current]
+        number = numbers[len(path)]
         kids = children[current]
         if not kids:
-            last = sample_from(target_row, gen)
+            last = sample_with(target_row, number)
             break
+        if uniforms is None:  # one-hot children: the target's own draw
+            last = sample_with(target_row, number)
+            match = next((c for c in kids if node_tokens[c - 1] == int(last)), None)
+            if match is None:
+                break
+            path.append(match)
+            current = match
+            continue
         accepted: int | None = None
         draft_row = None if probs is None else probs[kids[0] - 1]
         left = target_row
@@ -113,7 +128,7 @@ def reference_tree(
                     draft_row[token] = 0.0
                     draft_row = _normalised(draft_row, draft_row)
         if accepted is None:
-            last = sample_from(left if left.sum() > 0 else target_row, gen)
+            last = sample_with(left if left.sum() > 0 else target_row, number)
             break
         path.append(accepted)
         current = accepted

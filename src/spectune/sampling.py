@@ -13,7 +13,14 @@ from torch import Tensor
 
 from spectune.errors import InvalidParameterError
 
-__all__ = ["SamplingParams", "argmax_rows", "process_logits", "sample_from"]
+__all__ = [
+    "PositionStream",
+    "SamplingParams",
+    "argmax_rows",
+    "process_logits",
+    "sample_from",
+    "sample_with",
+]
 
 MAX_SEED = 2**63 - 1  # the largest seed a torch.Generator takes
 
@@ -114,12 +121,56 @@ def sample_from(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     Uses inverse-CDF sampling with exactly one uniform number per row, so the random
     stream's consumption is fixed and documented (one draw per sampled token).
     """
-    flat = probs.reshape(-1, probs.shape[-1])
-    u = torch.rand(flat.shape[0], 1, generator=generator, device=flat.device)
+    uniforms = torch.rand(probs.shape[:-1], generator=generator, device=probs.device)
+    return sample_with(probs, uniforms)
+
+
+def sample_with(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """The token each row's inverse CDF gives at its uniform: probs [..., vocab] and
+    uniforms [...] in [0, 1) -> [...] token ids. Unnormalised rows (residuals) are scaled
+    by their mass; a zero-probability token is never returned."""
+    flat = probs.reshape(-1, probs.shape[-1])  # [rows, vocab]
+    u = uniforms.reshape(-1, 1).to(device=flat.device, dtype=flat.dtype)  # [rows, 1]
     cdf = flat.cumsum(-1)
-    # Scale u by the row's total mass so unnormalised rows (residuals) are handled too.
     idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
     idx = idx.clamp_max(flat.shape[-1] - 1)
     # Never land on a zero-probability token through rounding at the top of the CDF.
     idx = torch.where(flat.gather(-1, idx) > 0, idx, flat.argmax(-1, keepdim=True))
     return idx.reshape(probs.shape[:-1])
+
+
+class PositionStream:
+    """A request's uniforms keyed by output position: number t decides the t-th output
+    token whenever the target chooses that token itself (a plain step, a bonus or a
+    recovered token, or a token checked against a draft without probabilities;
+    ``spectune.verify.chain``), whatever the steps before it drafted.
+
+    So a request whose drafts carry no probabilities emits the same tokens at any K, in
+    any batch: every token is the target's inverse-CDF draw at its position's number,
+    and a draft token is kept exactly when it equals that draw. The numbers are drawn
+    from the stream's own generator in blocks of ``BLOCK`` (the t-th number is always
+    the generator's t-th, however the positions are asked for) and nothing else draws
+    from it.
+    """
+
+    BLOCK = 64
+
+    def __init__(self, seed: int) -> None:
+        self._generator = torch.Generator()
+        self._generator.manual_seed(seed)
+        self._drawn = torch.empty(0)  # [positions drawn so far] fp32
+
+    @classmethod
+    def split_from(cls, generator: torch.Generator) -> PositionStream:
+        """A stream seeded by one 63-bit draw from ``generator`` (the request's stream)."""
+        seed = int(torch.randint(0, MAX_SEED, (1,), generator=generator))
+        return cls(seed)
+
+    def at(self, start: int, count: int) -> Tensor:
+        """[count] fp32: the numbers of output positions ``start .. start + count - 1``."""
+        if start < 0 or count < 0:
+            raise ValueError(f"positions from {start}, {count} of them")
+        while self._drawn.shape[0] < start + count:
+            block = torch.rand(self.BLOCK, generator=self._generator)
+            self._drawn = torch.cat((self._drawn, block))
+        return self._drawn[start : start + count]

@@ -5,7 +5,9 @@ sequence by one speculative step:
 
 1. K per sequence from its own policy (``SequenceState.plan``), behind a batch-size check
    (``spectune.control.fallback.BatchSizeCheck``: 0 above ``speculate_max_batch`` active
-   sequences, where speculation stops paying), and 0 for sequences whose drafter failed.
+   sequences, where speculation stops paying; seeded sampled requests with a draft that
+   carries probabilities are exempt, ``spectune.decode.step.crossover_gate``), and 0 for
+   sequences whose drafter failed.
 2. Draft: one draft pass per draft step over the batch (``spectune.drafters.batched``; a
    feature head: ``spectune.drafters.feature``), each proposal checked by
    ``SequenceState.accept``. With a ``draft_deadline``, a pass that takes longer is
@@ -28,8 +30,10 @@ the caches reserve.
 
 Exactness: a sequence's result equals decoding it alone with ``SpeculativeEngine``: the
 same K, the same draft tokens, the same verification, the same random numbers from its
-own generator in the same order. The only difference is floating point: a batched matmul
-may round differently from a single-row one, which can flip a greedy near-tie.
+own generator in the same order, and the same position numbers for the tokens the
+target draws itself (``spectune.sampling.PositionStream``). The only difference is
+floating point: a batched matmul may round differently from a single-row one, which can
+flip a greedy near-tie or a draw at a token boundary.
 Step times in the records are the batch's (every sequence of a step shares them).
 
 Draft deadline: a drafter that hangs must not stall the batch. With ``draft_deadline``
@@ -52,12 +56,12 @@ from torch import Tensor
 
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.crossover import load_crossover, runtime_of
-from spectune.control.fallback import batch_limited
 from spectune.decode.deadline import DeadlineCall, DeadlineExceeded
 from spectune.decode.sequence import SequenceState
 from spectune.decode.step import (
     CHUNK_SLACK,
     SequenceUpdate,
+    crossover_gate,
     request_generator,
 )
 from spectune.draft import Draft, Refusal, RefusalKind, chain_parents, tree_layout
@@ -221,7 +225,9 @@ class BatchEngine:
             params,
             info,
             self.capacity,
-            policy=batch_limited(policy, lambda: len(self._rows), self.speculate_max_batch),
+            policy=crossover_gate(
+                policy, params, self.drafter, lambda: len(self._rows), self.speculate_max_batch
+            ),
             generator=generator or request_generator(params),
             stop=stop,
             verify_groups=None,  # one batched target pass verifies every row
@@ -368,7 +374,10 @@ class BatchEngine:
             step.verify_peak_bytes = verify_peak  # the whole batch's pass
             row_logits = out.logits[seq.row, : len(step.draft) + 1]  # [drafted + 1, vocab]
             score = partial(_logit_rows, row_logits)
-            result = verify_draft(step.draft, score, seq.params, seq.generator)
+            uniforms = seq.target_uniforms(step)
+            result = verify_draft(
+                step.draft, score, seq.params, seq.generator, target_uniforms=uniforms
+            )
             commit = None
             if drafter is not None:
                 commit = partial(self._commit, drafter, seq, out.hidden, lengths_before[seq.row])

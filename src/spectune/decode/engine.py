@@ -113,7 +113,10 @@ class SpeculativeEngine:
         """Yield one ``StepRecord`` per step until EOS, ``max_tokens``, a stop or the context end.
 
         Random numbers come only from ``generator`` (or a new one seeded with
-        ``params.seed``), in this order per step: the drafter's draws, then the verifier's.
+        ``params.seed``): its first draw seeds the request's position stream
+        (``spectune.sampling.PositionStream``: the numbers of the tokens the target draws
+        itself, by output position); then, per step, the drafter's draws and the
+        verifier's acceptance uniforms (``spectune.verify.chain``).
         """
         target = self.target
         info = target.info
@@ -170,7 +173,14 @@ class SpeculativeEngine:
             length_before = cache.length()
             hidden: list[Tensor] = []
             score = self._scorer(seq.context[-1], step, cache, length_before, hidden)
-            result = verify_draft(step.draft, score, params, generator, groups=step.verify_groups)
+            result = verify_draft(
+                step.draft,
+                score,
+                params,
+                generator,
+                groups=step.verify_groups,
+                target_uniforms=seq.target_uniforms(step),
+            )
             rows = 1 + len(step.draft)
             step.verify_peak_bytes = memory.peak_bytes(
                 rows=rows,

@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 
 from spectune.control.base import KPolicy, StepPlan
 from spectune.decode.step import (
@@ -39,8 +40,9 @@ from spectune.decode.step import (
 from spectune.draft import Draft, Refusal, empty_draft
 from spectune.models.base import KVCache, ModelInfo
 from spectune.records import StepRecord, StopCondition
-from spectune.sampling import SamplingParams
+from spectune.sampling import PositionStream, SamplingParams
 from spectune.verify.chain import VerifyResult
+from spectune.verify.draft import positions
 
 __all__ = ["SequenceState", "Step"]
 
@@ -68,9 +70,13 @@ class SequenceState:
     request_id: str
     params: SamplingParams
     generator: torch.Generator
+    # The numbers of the tokens the target draws itself, by output position (split from
+    # ``generator`` when the request starts: its first draw, whatever the temperature).
+    stream: PositionStream
     policy: KPolicy
     stop: StopCondition | None
     context: list[int]  # prompt + output, the pending (last) token included
+    prompt_length: int  # len(context) - prompt_length: the next output position
     capacity: int  # most tokens this sequence may hold (context and draft)
     vocab_size: int
     eos: Collection[int]
@@ -105,15 +111,24 @@ class SequenceState:
             request_id,
             params,
             generator,
+            PositionStream.split_from(generator),
             policy,
             stop,
             tokens,
+            len(tokens),
             capacity,
             info.vocab_size,
             frozenset(info.eos_token_ids),
             verify_groups,
             row,
         )
+
+    def target_uniforms(self, step: Step) -> Tensor | None:
+        """[positions(step.draft)]: the numbers of the output positions this step may
+        decide (``spectune.verify.chain``), None when greedy (no numbers are drawn)."""
+        if self.params.greedy:
+            return None
+        return self.stream.at(len(self.context) - self.prompt_length, positions(step.draft))
 
     def plan(self, *, drafting: bool, start: float) -> Step:
         """Step 2: K for this step (``drafting``: the engine has a drafter)."""

@@ -13,9 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from spectune.control.base import FixedK, KPolicy
-from spectune.control.fallback import batch_limited
 from spectune.decode.engine import SpeculativeEngine
-from spectune.decode.step import SequenceUpdate, check_prompt
+from spectune.decode.step import SequenceUpdate, check_prompt, crossover_gate
 from spectune.drafters.base import Drafter
 from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.models.base import LanguageModel
@@ -94,8 +93,12 @@ class SequentialBatchEngine:
         # request at once and the running batch never holds one.
         prompt = check_prompt(prompt, info.vocab_size, info.max_context)
         drafter = self.drafter_factory() if self.drafter_factory is not None else None
-        gate = batch_limited(
-            policy or self.policy_factory(params), lambda: self.active, self.speculate_max_batch
+        gate = crossover_gate(
+            policy or self.policy_factory(params),
+            params,
+            drafter,
+            lambda: self.active,
+            self.speculate_max_batch,
         )
         engine = SpeculativeEngine(self.target, drafter)
         self._running[request_id] = engine.generate(

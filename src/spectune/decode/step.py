@@ -7,12 +7,15 @@ The single-sequence engine (``spectune.decode.engine``) and the batched one
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from spectune.control.base import KPolicy
+from spectune.control.fallback import batch_limited
 from spectune.draft import MAX_TREE_NODES, Draft, check_parents, tree_depths, trim_tree
+from spectune.drafters.base import model_free
 from spectune.errors import DrafterError, PromptError
 from spectune.models.base import KVCache
 from spectune.records import MAX_K, StepRecord, StopCondition
@@ -23,6 +26,7 @@ __all__ = [
     "SequenceUpdate",
     "check_draft",
     "check_prompt",
+    "crossover_gate",
     "cut_at_stops",
     "fit_to_room",
     "keep_path",
@@ -61,6 +65,30 @@ def request_generator(params: SamplingParams) -> torch.Generator:
     else:
         generator.manual_seed(params.seed)
     return generator
+
+
+def crossover_gate(
+    policy: KPolicy,
+    params: SamplingParams,
+    drafter: object | None,  # the request's drafter or the batch's draft rows; None: none
+    batch_size: Callable[[], int],
+    limit: int | None,
+) -> KPolicy:
+    """``policy`` behind the batch-size check (``spectune.control.fallback.batch_limited``:
+    no speculation above ``limit`` sequences), except for a seeded, sampled request whose
+    drafts may carry probabilities (a draft model, a feature head, a hybrid).
+
+    Why the exception: such a request's tokens depend on which positions were drafted
+    (rejection sampling and plain sampling are different random processes with the same
+    law), so holding its K at 0 in a large batch would change what its seed gives. It
+    speculates by its own policy at any batch size instead, and decodes as it would alone.
+    A request with a model-free drafter (one-hot drafts) needs no exception: its tokens are
+    the target's draws at its position numbers at any K (``spectune.verify.chain``).
+    """
+    if drafter is not None and not params.greedy and params.seed is not None:
+        if not model_free(drafter):
+            return policy
+    return batch_limited(policy, batch_size, limit)
 
 
 def cut_at_stops(

@@ -19,12 +19,26 @@ target's distribution (the rejection-sampling argument of the papers).
 Greedy (temperature 0) is exact matching: keep x_i while it equals the target's argmax,
 then emit the target's argmax. No random numbers are drawn.
 
-Random numbers, in order, when sampling: k uniforms for the k acceptance tests (drawn
-together, even when an early rejection makes the later ones unused, so the stream's
-consumption per step depends only on k), then one uniform for the recovered or bonus
-token. Drafters without probabilities (``draft_probs is None``) are treated as one-hot at
-their token: the acceptance probability is target(x_i) and the residual is the target
-with x_i removed; this keeps the output exact.
+Random numbers, when sampling, come in two kinds (``verify_uniforms``):
+
+- acceptance uniforms: k, one per acceptance test, drawn together from the request's
+  generator (even when an early rejection leaves later ones unused, so the stream's
+  consumption per step depends only on k); only when the draft carries probabilities.
+- target uniforms: one per chunk row, keyed by the output position that row decides
+  (``spectune.sampling.PositionStream``); the token the target chooses itself at row i,
+  a recovered or a bonus token, is its inverse-CDF draw at row i's number. Without a
+  position stream (a direct call) the k + 1 are drawn from the generator after the
+  acceptance uniforms.
+
+Drafters without probabilities (``draft_probs is None``) are one-hot proposals: the
+target draws its own token at the row's target uniform, and the draft token is kept
+exactly when it is that token. This departs from the papers' form (accept with
+probability target(x_i), else draw from the target with x_i removed) in how the random
+numbers are used, not in the joint law: the token is kept with probability target(x_i),
+and a rejected row emits a draw of the target conditioned on not being x_i, which is
+the papers' residual. Its point: every emitted token is the target's own draw at its
+position's number, so with a position stream the output is the same at any K (plain
+decoding included) and in any batch.
 
 The acceptance test (``passes``), the residual after a rejection (``residual``) and the
 distribution a recovered token is drawn from (``recovered_from``) are written here once;
@@ -41,7 +55,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from spectune.sampling import SamplingParams, argmax_rows, process_logits, sample_from
+from spectune.sampling import SamplingParams, argmax_rows, process_logits, sample_with
 
 __all__ = [
     "VerifyResult",
@@ -54,6 +68,7 @@ __all__ = [
     "verify_group_greedy",
     "verify_group_sampled",
     "verify_sampled",
+    "verify_uniforms",
 ]
 
 
@@ -133,36 +148,60 @@ def verify_group_greedy(
     return None
 
 
+def verify_uniforms(
+    num_tests: int,  # acceptance tests the draft may need (a chain: k; a tree: its nodes)
+    with_probs: bool,  # the draft carries probabilities
+    rows: int,  # output positions the step may decide (a chain: k + 1; a tree: depth + 1)
+    generator: torch.Generator | None,
+    target_uniforms: Tensor | None,  # [rows]: the request's position numbers, or None
+) -> tuple[Tensor | None, Tensor]:
+    """A sampled verification's random numbers, in the documented order (module
+    docstring): the acceptance uniforms ([num_tests], None without draft probabilities),
+    then the target uniforms ([rows]; drawn from ``generator`` unless given)."""
+    acceptance = torch.rand(num_tests, generator=generator) if with_probs else None
+    if target_uniforms is None:
+        target_uniforms = torch.rand(rows, generator=generator)
+    elif target_uniforms.shape != (rows,):
+        raise ValueError(f"target uniforms must be [{rows}], got {list(target_uniforms.shape)}")
+    return acceptance, target_uniforms
+
+
 def verify_group_sampled(
     draft_tokens: Tensor,  # [k] int64, all k draft tokens
     draft_probs: Tensor | None,  # [k, vocab], or None (one-hot drafts)
     target_probs: Tensor,  # [end - start (+ 1 for the last group), vocab], processed
-    uniforms: Tensor,  # [k]: the acceptance uniforms of the whole draft, drawn up front
+    uniforms: Tensor | None,  # [k]: the acceptance uniforms, drawn up front; None: one-hot
+    target_uniforms: Tensor,  # [k + 1]: row i's number for the token the target draws
     start: int,
     end: int,  # draft tokens start..end-1 are verified here
     last: bool,  # the final group: its extra row is the bonus row (end == k)
-    generator: torch.Generator | None,
 ) -> VerifyResult | None:
     """Rejection sampling over draft tokens [start, end); None when all pass and more groups
-    follow. Draws one uniform (the recovered or the bonus token) when it decides."""
-    rows = torch.arange(end - start)
-    group_tokens = draft_tokens[start:end]
-    target_at = target_probs[rows, group_tokens]  # [group]
-    draft_at = (
-        torch.ones(end - start)
-        if draft_probs is None
-        else draft_probs[start:end][rows, group_tokens]
-    )
+    follow. A token the target draws at chunk row i uses ``target_uniforms[i]``."""
     tokens = draft_tokens.tolist()
+    if draft_probs is None or uniforms is None:
+        # One-hot drafts: the target's own draw at each row; the draft token is kept when
+        # it is that draw (module docstring).
+        rows = end - start + (1 if last else 0)
+        drawn = sample_with(target_probs[:rows], target_uniforms[start : start + rows]).tolist()
+        for offset in range(end - start):
+            if drawn[offset] != tokens[start + offset]:
+                i = start + offset
+                return chain_result(i, (*tokens[:i], drawn[offset]), False)
+        return chain_result(end, (*tokens, drawn[end - start]), True) if last else None
+    rows_range = torch.arange(end - start)
+    group_tokens = draft_tokens[start:end]
+    target_at = target_probs[rows_range, group_tokens]  # [group]
+    draft_at = draft_probs[start:end][rows_range, group_tokens]  # [group]
     for offset, ok in enumerate(passes(uniforms[start:end], draft_at, target_at).tolist()):
         if not ok:
             i = start + offset
             target_row = target_probs[offset]
-            draft_row = None if draft_probs is None else draft_probs[i]
-            dist = recovered_from(residual(target_row, draft_row, tokens[i]), target_row)
-            return chain_result(i, (*tokens[:i], int(sample_from(dist, generator))), False)
+            dist = recovered_from(residual(target_row, draft_probs[i], tokens[i]), target_row)
+            recovered = int(sample_with(dist, target_uniforms[i]))
+            return chain_result(i, (*tokens[:i], recovered), False)
     if last:
-        bonus = int(sample_from(target_probs[end - start], generator))
+        bonus = int(sample_with(target_probs[end - start], target_uniforms[end]))
         return chain_result(end, (*tokens, bonus), True)
     return None
 
@@ -183,12 +222,15 @@ def verify_sampled(
     draft_probs: Tensor | None,  # [k, vocab] fp32, or None for a drafter without probabilities
     target_probs: Tensor,  # [k + 1, vocab] fp32, already processed
     generator: torch.Generator | None,
+    target_uniforms: Tensor | None = None,  # [k + 1]: the request's position numbers
 ) -> VerifyResult:
     """Leviathan/Chen rejection sampling over a chain draft (see the module docstring)."""
     k = draft_tokens.shape[0]
-    uniforms = torch.rand(k, generator=generator)
+    uniforms, target_uniforms = verify_uniforms(
+        k, draft_probs is not None, k + 1, generator, target_uniforms
+    )
     result = verify_group_sampled(
-        draft_tokens, draft_probs, target_probs, uniforms, 0, k, True, generator
+        draft_tokens, draft_probs, target_probs, uniforms, target_uniforms, 0, k, True
     )
     assert result is not None  # the last group always decides
     return result

@@ -17,9 +17,10 @@ chunking pays only where the verification-cost curve rises steeply with the chun
 Exactness: each group is verified by the chain verifier's own group step
 (``spectune.verify.chain.verify_group_greedy`` / ``verify_group_sampled``), so the emitted
 tokens are those of one pass for the same target distributions and random numbers. The
-random-number order is the one-pass order: all k acceptance uniforms are drawn first
-(before the first group is verified, even if a rejection leaves some unused), then one
-uniform for the recovered or bonus token; each token's test uses its own uniform.
+random numbers are the one-pass ones (``spectune.verify.chain.verify_uniforms``): all k
+acceptance uniforms (with draft probabilities) and the k + 1 target uniforms are taken
+before the first group is verified, even if a rejection leaves some unused; each token's
+test uses its own uniform.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from spectune.verify.chain import (
     target_distribution,
     verify_group_greedy,
     verify_group_sampled,
+    verify_uniforms,
 )
 
 __all__ = ["verify_in_groups"]
@@ -48,24 +50,27 @@ def verify_in_groups(
     groups: int,
     params: SamplingParams,
     generator: torch.Generator | None,
+    target_uniforms: Tensor | None = None,  # [k + 1]: the request's position numbers
 ) -> VerifyResult:
     """Verify group by group (one group: one pass); ``score`` runs the target forward for
     chunk rows [start, end) and returns their raw logits (it is called with consecutive
     ranges, so it can append to a cache)."""
     k = draft_tokens.shape[0]
     bounds = group_bounds(k, groups) if k else [0]
-    uniforms = None if params.greedy else torch.rand(k, generator=generator)  # one-pass order
+    drawn = None
+    if not params.greedy:  # one-pass order
+        drawn = verify_uniforms(k, draft_probs is not None, k + 1, generator, target_uniforms)
     tokens = draft_tokens.tolist()
     start = 0
     for j, end in enumerate(bounds):
         last = j == len(bounds) - 1
         logits = score(start, end + 1 if last else end)  # [rows, vocab]
-        if uniforms is None:
+        if drawn is None:
             result = verify_group_greedy(tokens, argmax_rows(logits), start, end, last)
         else:
             target_probs = target_distribution(logits, params)  # [rows, vocab]
             result = verify_group_sampled(
-                draft_tokens, draft_probs, target_probs, uniforms, start, end, last, generator
+                draft_tokens, draft_probs, target_probs, *drawn, start, end, last
             )
         if result is not None:
             return result

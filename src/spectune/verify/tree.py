@@ -39,16 +39,25 @@ number of children of a node never depends on those children's values (a rerank 
 drops a sampled child for its own probability would bias q_j), and siblings are listed
 in the order they were drawn. Drafters without probabilities (n-gram, greedy top-b
 lists) count as one-hot proposals: x_j is accepted with probability p_j(x_j), and the
-residual is p_j with x_j removed; deterministic candidates are exact too.
+residual is p_j with x_j removed; deterministic candidates are exact too. They are
+verified in the equivalent form the chain verifier uses (``spectune.verify.chain``): the
+target draws its own token at the node from the depth's target uniform, the path moves
+to the child holding that token if there is one, else the draw is emitted. The first
+child holding it is kept with probability p(x_1), a later one with the mass p_j(x_j) of
+the recursion, so the law is the recursion's, and every emitted token is the target's
+draw at its position's number, as in plain decoding.
 
 With one child per node this is exactly ``spectune.verify.chain.verify_sampled``: the same
 acceptance test, residual and recovery (``passes``, ``residual``, ``recovered_from``, written
 once in ``spectune.verify.chain``) and the same random numbers, so a width-1 tree is chain
 speculation.
 
-Random numbers, in order: one uniform per node in node order (drawn together; a node
-never reached leaves its uniform unused, so consumption depends only on the tree's
-size), then one uniform for the recovered or bonus token.
+Random numbers (``spectune.verify.chain.verify_uniforms``): with draft probabilities, one
+acceptance uniform per node in node order (drawn together; a node never reached leaves
+its uniform unused, so consumption depends only on the tree's size); then one target
+uniform per depth, 0 (the root) to the tree's depth, keyed by the output position the
+depth decides: the token the target draws at a node of depth d (recovered, bonus or
+checked against one-hot children) uses number d.
 """
 
 from __future__ import annotations
@@ -56,8 +65,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from spectune.sampling import argmax_rows, sample_from
-from spectune.verify.chain import VerifyResult, passes, recovered_from, residual
+from spectune.draft import tree_depths
+from spectune.sampling import argmax_rows, sample_with
+from spectune.verify.chain import (
+    VerifyResult,
+    passes,
+    recovered_from,
+    residual,
+    verify_uniforms,
+)
 
 __all__ = ["verify_tree_greedy", "verify_tree_sampled"]
 
@@ -97,41 +113,53 @@ def verify_tree_sampled(
     draft_probs: Tensor | None,  # [n, vocab]: row i = q at node i's parent; None = one-hot
     target_probs: Tensor,  # [n + 1, vocab] fp32, already processed
     generator: torch.Generator | None,
+    target_uniforms: Tensor | None = None,  # [depth + 1]: the request's position numbers
 ) -> VerifyResult:
     n = tokens.shape[0]
     node_tokens = tokens.tolist()
-    children = _children(parents.tolist())
-    uniforms = torch.rand(n, generator=generator)  # one per node, in node order
-    one = torch.ones(())
+    parent_list = parents.tolist()
+    children = _children(parent_list)
+    depth = max(tree_depths(parent_list), default=0)
+    uniforms, target_uniforms = verify_uniforms(
+        n, draft_probs is not None, depth + 1, generator, target_uniforms
+    )
     path: list[int] = []
     current = 0
     while True:
         target_row = target_probs[current]  # p_1 at this node: [vocab]
+        number = target_uniforms[len(path)]  # the node's depth decides this position
         kids = children[current]
         if not kids:  # a leaf (or the root of an empty tree): the bonus token
-            last = sample_from(target_row, generator)
+            last = sample_with(target_row, number)
             break
         accepted_child: int | None = None
-        draft_row: Tensor | None = None if draft_probs is None else draft_probs[kids[0] - 1]
+        if draft_probs is None or uniforms is None:
+            # One-hot children: the target's own draw, kept where a child holds it.
+            last = sample_with(target_row, number)
+            accepted_child = next((c for c in kids if node_tokens[c - 1] == int(last)), None)
+            if accepted_child is None:
+                break
+            path.append(accepted_child)
+            current = accepted_child
+            continue
+        draft_row = draft_probs[kids[0] - 1]  # q_1 at this node: [vocab]
         left = target_row  # p_j: the target row less the siblings rejected so far
         for j, child in enumerate(kids):
             token = node_tokens[child - 1]
-            draft_at = one if draft_row is None else draft_row[token]
-            if bool(passes(uniforms[child - 1], draft_at, left[token])):  # u < p_j / q_j
+            if bool(passes(uniforms[child - 1], draft_row[token], left[token])):  # u < p_j / q_j
                 accepted_child = child
                 break
-            left = residual(left, draft_row, token)  # p_j - q_j (one-hot: p_j without x_j)
+            left = residual(left, draft_row, token)  # p_j - q_j
             if j + 1 < len(kids):
                 # The next sibling's stage needs p_{j+1} and q_{j+1} normalised; the last
-                # residual is sampled as is (``sample_from`` scales by its mass), exactly
+                # residual is sampled as is (``sample_with`` scales by its mass), exactly
                 # as the chain verifier does.
                 left = _normalised(left, target_row)
-                if draft_row is not None:
-                    draft_row = draft_row.clone()
-                    draft_row[token] = 0.0
-                    draft_row = _normalised(draft_row, draft_row)
+                draft_row = draft_row.clone()
+                draft_row[token] = 0.0
+                draft_row = _normalised(draft_row, draft_row)
         if accepted_child is None:
-            last = sample_from(recovered_from(left, target_row), generator)
+            last = sample_with(recovered_from(left, target_row), number)
             break
         path.append(accepted_child)
         current = accepted_child
