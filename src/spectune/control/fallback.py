@@ -15,7 +15,9 @@ Three depths (the engine and the verifier already cover the first and the drafte
                 the request.
 - batch         ``BatchSizeCheck``: more sequences share the target than the measured
                 crossover (``spectune.control.crossover``) -> K = 0 while they do; both
-                batch engines put it in front of every request's policy.
+                batch engines put it in front of every request's policy, except a
+                seeded sampled request's with a drafter that has probabilities
+                (``spectune.decode.step.crossover_gate``: its tokens would change).
 - drafter error the engine turns a raising or garbage-returning drafter into plain
                 decoding for the request (``drafter_error: ...`` in the record).
 
