@@ -1,13 +1,24 @@
-"""Shared fixtures. spectune is imported first so MKL_CBWR is set before torch loads."""
+"""Shared fixtures. spectune is imported first so MKL_CBWR is set before torch loads.
+
+Tests run at a fixed thread count (``OMP_NUM_THREADS``, which the CLI subprocesses they
+start inherit): the thread governor, which follows the idle cores, would otherwise make a
+test's numerics depend on what else the machine runs. Likewise the load check that
+withholds advise's verdict on a busy machine stays off (``SPECTUNE_BUSY_CORES``) except
+in the tests that set it. tests/test_threads.py tests both on purpose.
+"""
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
 
-import spectune  # noqa: F401  (sets MKL_CBWR before torch is imported)
-from spectune.models.llama import LlamaLM
-from spectune.models.toy import perturbed, toy_model
+os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+os.environ.setdefault("SPECTUNE_BUSY_CORES", "inf")
+
+import spectune  # noqa: F401, E402, I001  (sets MKL_CBWR and GOMP_SPINCOUNT before torch loads)
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from spectune.models.llama import LlamaLM  # noqa: E402
+from spectune.models.toy import perturbed, toy_model  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -15,7 +15,7 @@ from spectune.advise.advisor import AdviseSettings, advise, split_prompts
 from spectune.advise.measure import Survival, VerifiedRun, survival_of, verify_interleaved
 from spectune.advise.predict import predict_config, speedup_from_survival
 from spectune.advise.schema import SCHEMA_VERSION, Advice
-from spectune.advise.verdict import DO_NOT_SPECULATE, checklist, decide
+from spectune.advise.verdict import DO_NOT_SPECULATE, NO_VERDICT, checklist, decide
 from spectune.cli import main
 from spectune.control.costs import CostCurve, break_even_acceptance, predicted_speedup
 from spectune.drafters.pairing import Loaded
@@ -229,6 +229,26 @@ def test_untrained_draft_gets_do_not_speculate(toy_target: LlamaLM, tmp_path: Pa
     assert tuned[0]["label"].endswith(" tuned") and tuned[0]["policy_options"]["max_k"] >= 1
     assert data["settings"]["tune_policy"] is True
     assert isinstance(advice, Advice)
+
+
+def test_no_verdict_from_a_run_on_a_busy_machine(
+    toy_target: LlamaLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other processes' load over the run withholds the verdict (SPECTUNE_BUSY_CORES=0
+    counts any load as busy); advice.json says how busy the machine was."""
+    monkeypatch.setenv("SPECTUNE_BUSY_CORES", "0")
+    save_native(toy_model(7, scale=3.0), tmp_path / "untrained")
+    target = Loaded(toy_target, _NoTokenizer(), tmp_path)  # type: ignore[arg-type]
+    settings = AdviseSettings(
+        temperatures=(0.0,), max_tokens=8, verify_prompts=2, top=1, tune_policy=False,
+        trust_draft_vocab=True,
+    )  # fmt: skip
+    advice = advise(target, "toy", [str(tmp_path / "untrained")], _prompts(4), settings)
+    assert advice.verdict.summary == NO_VERDICT and not advice.verdict.speculate
+    assert "busy machine" in advice.verdict.reasons[0]
+    assert DO_NOT_SPECULATE in advice.verdict.reasons[1]  # what the figures alone would say
+    load = advice.to_dict()["machine"]["load"]
+    assert load["busy"] is True and load["cores"] >= 1
 
 
 def test_split_keeps_every_category_on_both_sides() -> None:

@@ -241,6 +241,27 @@ def test_a_machine_without_a_curve_of_its_own_measures_it_once(toy_target: Llama
     assert json.loads(crossover_path().read_text())[key]["verify_curve_revision"] == CURVE_REVISION
 
 
+def test_a_curve_measured_on_a_busy_machine_serves_but_is_not_recorded(
+    toy_target: LlamaLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A curve timed while other processes took the cores prices the contention: the run
+    uses it, the next run measures again (SPECTUNE_BUSY_CORES=0 counts any load as busy)."""
+    from spectune.control.crossover import crossover_path, curve_for_this_machine
+
+    monkeypatch.setenv("SPECTUNE_BUSY_CORES", "0")
+    heard: list[str] = []
+    curve = curve_for_this_machine(toy_target, repeats=1, report=heard.append)
+    assert curve.seconds[0] == 1.0 and curve.spread is not None
+    assert len(heard) == 1 and "busy machine" in heard[0] and "not recorded" in heard[0]
+    assert not crossover_path().exists()
+    monkeypatch.setenv("SPECTUNE_BUSY_CORES", "inf")
+    curve_for_this_machine(toy_target, repeats=1, report=heard.append)
+    assert "recorded in" in heard[1]
+    (entry,) = json.loads(crossover_path().read_text()).values()
+    assert entry["verify_curve_load"]["busy"] is False
+    assert entry["verify_curve_spread"] >= 0
+
+
 @pytest.mark.slow
 def test_the_default_target_has_a_shipped_verification_curve_per_runtime(smollm2) -> None:  # type: ignore[no-untyped-def]
     """What the cost policy of generate and serve starts from on a fresh machine: flat on

@@ -38,7 +38,7 @@ from spectune.advise.measure import (
 )
 from spectune.advise.predict import ConfigPrediction, predict_config
 from spectune.advise.schema import Advice, CandidateCheck, ConfigResult
-from spectune.advise.verdict import CheckRow, checklist, decide
+from spectune.advise.verdict import CheckRow, checklist, decide, withheld
 from spectune.control.costs import CostCurve
 from spectune.drafters.base import Drafter
 from spectune.drafters.pairing import Loaded
@@ -48,6 +48,7 @@ from spectune.errors import (
     PromptError,
     SpectuneError,
 )
+from spectune.models.machine import LoadMeter
 from spectune.models.quant import PRECISIONS, Precision
 from spectune.records import SpecCounts
 from spectune.select.candidates import resolve_candidate
@@ -244,6 +245,7 @@ def advise(
     """Measure, predict, verify and judge (module docstring). The caller writes the files
     (``Advice.write``, ``spectune.advise.report``) and fills ``Advice.outputs``."""
     started = time.perf_counter()
+    meter = LoadMeter()
     if not prompts:
         raise PromptError("no prompts to measure on")
     if not specs:
@@ -355,8 +357,11 @@ def advise(
         ConfigResult(p, run_of.get(p.label))
         for p in sorted(predictions, key=lambda p: p.predicted_speedup, reverse=True)
     )
-    # 7. Judge.
+    # 7. Judge, unless other processes' load disturbed the figures.
     verdict = decide(predictions, runs)
+    load = meter.stop()
+    if load.busy:
+        verdict = withheld(verdict, load.line("advise"))
     rows: list[CheckRow] = []
     if runs:
         judged = run_of[verdict.winner] if verdict.winner else max(runs, key=lambda r: r.speedup)
@@ -387,4 +392,5 @@ def advise(
         notes=tuple(notes),
         outputs={},
         seconds=time.perf_counter() - started,
+        machine_load=load.as_json(),
     )

@@ -20,7 +20,8 @@ from spectune.advise.verdict import CheckRow, Verdict
 
 __all__ = ["SCHEMA_VERSION", "Advice", "CandidateCheck", "ConfigResult"]
 
-SCHEMA_VERSION = 2  # 2: position_acceptance per temperature and category
+# 2: position_acceptance per temperature and category; 3: machine.load over the run
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -106,13 +107,17 @@ class Advice:
     notes: tuple[str, ...]
     outputs: dict[str, str]  # what was written: role -> file name in the report folder
     seconds: float
+    machine_load: dict[str, Any] | None = None  # LoadRecord.as_json over the whole run
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
             "target": self.target,
             "target_parameters": self.target_parameters,
-            "machine": {"verify_curve": {str(k): v for k, v in self.verify_curve.items()}},
+            "machine": {
+                "verify_curve": {str(k): v for k, v in self.verify_curve.items()},
+                "load": self.machine_load,
+            },
             "settings": self.settings,
             "candidates": [dataclasses.asdict(c) for c in self.candidates],
             "configurations": [c.to_dict() for c in self.configurations],

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from spectune.advise.measure import VerifiedRun
 from spectune.advise.predict import ConfigPrediction
 
-__all__ = ["DO_NOT_SPECULATE", "Verdict", "decide"]
+__all__ = ["DO_NOT_SPECULATE", "NO_VERDICT", "Verdict", "decide", "withheld"]
 
 DO_NOT_SPECULATE = "do not speculate here"
+NO_VERDICT = "no verdict: the machine was busy while advise measured"
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,24 @@ def decide(predictions: Sequence[ConfigPrediction], verified: Sequence[VerifiedR
         f"{_shown(needed)} to break even"
     )
     return Verdict(False, None, DO_NOT_SPECULATE, tuple(reasons), needed)
+
+
+def withheld(verdict: Verdict, load: str) -> Verdict:
+    """No verdict from figures that other processes' load disturbed (``load``: the line
+    that says how busy the machine was): the verdict that they would have given stays
+    among the reasons, marked as such, with what to do instead."""
+    return Verdict(
+        False,
+        None,
+        NO_VERDICT,
+        (
+            load,
+            "rerun advise on a quiet machine (cat /proc/loadavg first); with the figures of "
+            f"this run it would say: {verdict.summary}",
+            *verdict.reasons,
+        ),
+        verdict.needed_acceptance,
+    )
 
 
 def _shown(alpha: float | None) -> str:

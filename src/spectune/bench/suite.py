@@ -34,6 +34,7 @@ from spectune.bench.runner import (
 from spectune.bench.summary import summarize
 from spectune.bench.systems import SystemInfo
 from spectune.models.devices import cpu_name
+from spectune.models.machine import LoadMeter
 
 __all__ = ["environment", "run_suite"]
 
@@ -111,13 +112,18 @@ def run_suite(
         f"{budgeted.estimate_seconds / 60:.1f} min (from each system's warm-up call)"
     )
 
-    # 3. Run, interleaved, under the live view.
+    # 3. Run, interleaved, under the live view, watching the machine's load beside it.
     run_start = time.perf_counter()
+    meter = LoadMeter()
     measurements: list[Measurement] = []
     with LiveBoard(console, infos, total) as board:
         for workbench in workbenches:
             measurements += run_interleaved(workbench, schedule, board.update)
     run_seconds = time.perf_counter() - run_start
+    load = meter.stop()
+    if load.busy:
+        notes.append(load.line("the benchmark"))
+        console.print(f"[yellow]{notes[-1]}[/yellow]")
 
     # 4. Summarize and write.
     rows, mismatches = summarize(
@@ -146,6 +152,7 @@ def run_suite(
             "session_seconds": time.perf_counter() - start,
         },
     )
+    data["machine_load"] = load.as_json()
     json_path, md_path = write_results(out, data)
     pictures = write_plots(out, data["rows"]) if plots else []
     console.print(Markdown(markdown(data)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -24,6 +25,7 @@ from spectune.models.devices import DEVICES, resolve_device
 from spectune.models.llamacpp import LLAMACPP
 from spectune.models.loading import DEFAULT_TARGET, RUNTIMES, stored_in_4_bits
 from spectune.models.quant import PRECISIONS, Precision
+from spectune.models.threads import adapt_threads, fix_threads
 from spectune.sampling import SamplingParams
 
 __all__ = [
@@ -118,17 +120,22 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="CPU threads for torch and llama.cpp (default: torch's choice)",
+        help="CPU threads for torch and llama.cpp, fixed (default: OMP_NUM_THREADS where "
+        "set, else the cores that other processes leave idle, followed while decoding)",
     )
 
 
 def set_threads(threads: int | None) -> None:
-    """``--threads`` as torch's CPU thread count; torch's own choice without it."""
+    """``--threads`` as a fixed CPU thread count; without it, ``OMP_NUM_THREADS`` where the
+    user set it (torch already follows it), else the count follows the idle cores
+    (``spectune.models.threads``)."""
     if threads is None:
+        if not os.environ.get("OMP_NUM_THREADS"):
+            adapt_threads()
         return
     if threads < 1:
         raise InvalidParameterError(f"--threads must be >= 1, got {threads}")
-    torch.set_num_threads(threads)
+    fix_threads(threads)
 
 
 def add_device_arg(parser: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ import functools
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,6 +45,9 @@ class CostCurve:
 
     sizes: tuple[int, ...]  # chunk lengths measured, ascending, starting at 1
     seconds: tuple[float, ...]
+    # Where measured: the median over sizes of the repeated timings' range over their
+    # median ((max - min) / median); a quiet machine keeps it to a few percent.
+    spread: float | None = field(default=None, compare=False)
 
     @functools.cached_property
     def _dense(self) -> int:
@@ -122,7 +125,9 @@ def measure_forward_curve(
         raise ValueError("the curve must start at one token")
     times = _forward_times(model, ordered, prefix=prefix, repeats=repeats)
     medians = [statistics.median(times[n]) for n in ordered]
-    return CostCurve(tuple(ordered), nondecreasing(medians))
+    ranges = [(max(times[n]) - min(times[n])) / m for n, m in zip(ordered, medians, strict=True)]
+    spread = statistics.median(ranges)
+    return CostCurve(tuple(ordered), nondecreasing(medians), spread)
 
 
 def nondecreasing(seconds: Sequence[float]) -> tuple[float, ...]:

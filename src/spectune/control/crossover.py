@@ -47,6 +47,7 @@ from spectune.control.costs import CostCurve, measure_forward_curve
 from spectune.models.base import LanguageModel, ModelInfo
 from spectune.models.devices import machine_of
 from spectune.models.llama import COMPILED
+from spectune.models.machine import LoadMeter
 
 __all__ = [
     "CURVE_REVISION",
@@ -154,24 +155,37 @@ def curve_for_this_machine(
 ) -> CostCurve:
     """This machine's recorded verification-cost curve of ``model`` on its runtime; where
     none is recorded, measured now (``MEASURED_SIZES``, ``repeats`` interleaved rounds: a
-    few seconds) and recorded for the next run. ``report`` hears one line when it measures."""
+    few seconds) and recorded for the next run. ``report`` hears one line when it measures.
+
+    A curve measured while other processes kept the cores busy (``LoadRecord.busy``)
+    serves this run but is not recorded: it prices the contention, not the model, and a
+    recorded one would be trusted by every later run."""
     runtime, machine = runtime_of(model), machine_of(model)
     found = _curve(_local(), model.info, runtime, machine)
     if found is not None:
         return found
-    started = time.perf_counter()
+    meter = LoadMeter()
     curve = measure_forward_curve(model, MEASURED_SIZES, repeats=repeats)
-    detail: dict[str, object] = {
-        "verify_curve_command": "measured at start-up (curve_for_this_machine)",
-        "verify_curve_measured": time.strftime("%Y-%m-%d"),
-    }
-    path = save_verify_curve(model.info, curve, detail, runtime=runtime, machine=machine)
-    if report is not None:
-        report(
-            f"measured the verification-cost curve of {model.info.name} ({runtime}) on this "
-            f"machine in {time.perf_counter() - started:.1f} s, once: recorded in {path}"
-        )
-    return CostCurve(curve.sizes, tuple(t / curve.seconds[0] for t in curve.seconds))
+    load = meter.stop()
+    what = f"the verification-cost curve of {model.info.name} ({runtime})"
+    if load.busy:
+        if report is not None:
+            report(f"{load.line(f'measuring {what}')}; used for this run, not recorded")
+    else:
+        detail: dict[str, object] = {
+            "verify_curve_command": "measured at start-up (curve_for_this_machine)",
+            "verify_curve_measured": time.strftime("%Y-%m-%d"),
+            "verify_curve_load": load.as_json(),
+            "verify_curve_spread": curve.spread,
+        }
+        path = save_verify_curve(model.info, curve, detail, runtime=runtime, machine=machine)
+        if report is not None:
+            report(
+                f"measured {what} on this machine in {load.seconds:.1f} s, once: recorded "
+                f"in {path} (delete that entry to measure it again)"
+            )
+    relative = tuple(t / curve.seconds[0] for t in curve.seconds)
+    return CostCurve(curve.sizes, relative, curve.spread)
 
 
 def _lookup(data: dict[str, Any], info: ModelInfo, draft: str | None, runtime: str) -> int | None:

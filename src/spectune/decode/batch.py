@@ -77,6 +77,7 @@ from spectune.errors import BatchFullError, InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
 from spectune.models.rows import RowsCache, forward_row, forward_rows
+from spectune.models.threads import pace
 from spectune.records import StopCondition
 from spectune.sampling import SamplingParams
 from spectune.verify.draft import verify_draft
@@ -299,6 +300,7 @@ class BatchEngine:
         seqs = list(self._rows)
         if not seqs:
             return []
+        pace()  # between steps: the CPU thread count follows the idle cores
         step_start = time.perf_counter()
         num_rows = len(seqs)
 

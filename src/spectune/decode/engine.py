@@ -32,6 +32,7 @@ from spectune.drafters.base import Drafter, TargetFeatures, guesses, shadow_gues
 from spectune.errors import InvalidParameterError
 from spectune.models.base import KVCache, LanguageModel
 from spectune.models.devices import VerifyMemory, model_device
+from spectune.models.threads import pace
 from spectune.records import (
     CountsReport,
     SpecCounts,
@@ -148,6 +149,7 @@ class SpeculativeEngine:
         guesser = drafter if drafter is not None and guesses(drafter, params) else None
 
         while True:
+            pace()  # between steps: the CPU thread count follows the idle cores
             # 2. How many tokens to draft (the policy's K, within max_tokens and the context).
             step = seq.plan(drafting=drafter is not None, start=time.perf_counter())
 
