@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -89,14 +90,14 @@ BODY = {
 }
 
 
-def assert_cancelled_once(url: str, service: Service, trace: Path, gone: float) -> None:
-    """The row is free within ``FREED_WITHIN`` of ``gone``; /metrics and the trace count
-    one cancelled request."""
+def assert_cancelled(url: str, service: Service, trace: Path, gone: float, count: int = 1) -> None:
+    """Every row is free within ``FREED_WITHIN`` of ``gone``; /metrics and the trace count
+    ``count`` cancelled requests."""
     freed = freed_after(service, gone)
-    print(f"row freed {freed:.2f} s after the client left")  # the figure, with -s
+    print(f"rows freed {freed:.2f} s after the client left")  # the figure, with -s
     assert freed < FREED_WITHIN
-    assert cancelled_total(url) == 1
-    assert trace_ends(trace) == [True]
+    assert cancelled_total(url) == count
+    assert trace_ends(trace) == [True] * count
 
 
 def test_non_streaming_request_abandoned_frees_its_row(
@@ -106,7 +107,7 @@ def test_non_streaming_request_abandoned_frees_its_row(
     with httpx.Client(timeout=1.5) as client, pytest.raises(httpx.ReadTimeout):
         client.post(url + "/v1/chat/completions", json=BODY)
     gone = time.monotonic()  # the client closed its connection on the timeout
-    assert_cancelled_once(url, service, trace, gone)
+    assert_cancelled(url, service, trace, gone)
 
 
 def test_streaming_request_abandoned_frees_its_row(server: tuple[str, Service, Path]) -> None:
@@ -119,7 +120,7 @@ def test_streaming_request_abandoned_frees_its_row(server: tuple[str, Service, P
             first = next(line for line in lines if line.startswith("data: "))
             assert json.loads(first[len("data: ") :])["choices"]
         gone = time.monotonic()  # leaving the block closes the connection mid-stream
-    assert_cancelled_once(url, service, trace, gone)
+    assert_cancelled(url, service, trace, gone)
 
 
 def test_finished_request_is_not_cancelled(server: tuple[str, Service, Path]) -> None:
@@ -130,3 +131,31 @@ def test_finished_request_is_not_cancelled(server: tuple[str, Service, Path]) ->
     (request,) = read_trace(trace)
     assert not request.cancelled  # read back through the trace reader, too
     assert trace_ends(trace) == [False]
+
+
+def test_streaming_request_abandoned_before_its_first_token_leaves_at_once(
+    server: tuple[str, Service, Path],
+) -> None:
+    """The slow path: a streamed request that waits for its first token (here queued behind
+    a full batch) has no response yet, so only the service's poll can see its client go.
+    Once seen, it must leave the queue then, not take a row when one frees."""
+    url, service, trace = server
+    body = {**BODY, "stream": True}
+    reading = []  # the holders' line iterators: closing one would close its connection
+    with ExitStack() as holders:
+        for _ in range(4):  # every row of the batch busy for many seconds
+            client = holders.enter_context(httpx.Client(timeout=30))
+            reply = holders.enter_context(
+                client.stream("POST", url + "/v1/chat/completions", json=body)
+            )
+            reading.append(reply.iter_lines())
+            next(line for line in reading[-1] if line.startswith("data: "))
+        assert service.scheduler.running == 4
+        with httpx.Client(timeout=1.0) as client, pytest.raises(httpx.ReadTimeout):
+            client.post(url + "/v1/chat/completions", json=body)  # queued, then gone
+        gone = time.monotonic()
+        while service.scheduler.waiting:
+            assert time.monotonic() - gone < FREED_WITHIN, "the abandoned request still waits"
+            time.sleep(0.02)
+        assert service.scheduler.running == 4  # the others go on
+    assert_cancelled(url, service, trace, time.monotonic(), count=5)

@@ -46,6 +46,7 @@ from spectune.server.engines import (
     build_engine,
     scoped_history,
 )
+from spectune.server.run import DRAIN_SECONDS
 
 if TYPE_CHECKING:
     from spectune.server import Limits
@@ -129,6 +130,15 @@ def register(subparsers: Any) -> None:
     limits.add_argument(
         "--max-requests", type=int, default=64, help="running + queued; more get a 429"
     )
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=DRAIN_SECONDS,
+        help="on SIGTERM or Ctrl-C, seconds the requests in flight may take to finish while new "
+        "ones get a 503; the rest then end with an error and the server exits 0 (default "
+        "%(default)g: inside the 30 s a Kubernetes pod gets before SIGKILL; a second signal "
+        "cuts the drain short)",
+    )
     add_threads_arg(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
     parser.set_defaults(run=run)
@@ -167,8 +177,9 @@ def _history_scope(args: argparse.Namespace, keys: ApiKeys | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from spectune.server import Limits
-    from spectune.server.run import listen
+    from spectune.server.run import check_drain_seconds, listen
 
+    check_drain_seconds(args.drain_seconds)
     keys = _keys(args)
     args.keys, args.history_scope = keys, _history_scope(args, keys)
 
@@ -265,7 +276,13 @@ def _serve(
         f"http://{args.host}:{sock.getsockname()[1]}/v1",
         file=sys.stderr,
     )
-    serve_on(create_app(service), sock, log_level=args.log_level)
+    try:
+        serve_on(
+            create_app(service), sock, log_level=args.log_level, drain_seconds=args.drain_seconds
+        )
+    finally:
+        if trace is not None:
+            trace.close()  # every request has written its end event by now
     return 0
 
 

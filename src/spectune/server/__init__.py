@@ -4,7 +4,8 @@ Layout: ``app`` (the FastAPI app), ``routes`` (endpoints and response shapes),
 ``schemas`` (request bodies), ``service`` (request checks, streaming), ``scheduler``
 (the thread that steps the batch engine), ``output`` (text, stop strings, usage),
 ``limits`` (limits and the API key), ``errors`` (OpenAI's error shape), ``metrics``
-(Prometheus), ``sequential`` (the one-at-a-time engine), ``testing`` (test doubles).
+(Prometheus), ``engines`` (the batch engine it steps), ``run`` (binding and serving),
+``shutdown`` (draining on SIGTERM), ``testing`` (test doubles).
 """
 
 from __future__ import annotations

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import Receive, Scope, Send
 
 from spectune.errors import SpectuneError
 from spectune.server.errors import ERROR_RESPONSES, APIError
@@ -110,6 +113,33 @@ class _Shape:
         return {**self._envelope(obj), "choices": [], "usage": usage}
 
 
+class _EventStream(StreamingResponse):
+    """A streamed response that closes its events, and the request's deltas under them,
+    however it ends. Starlette leaves the body iterator as it was when the client went
+    away: suspended, or never started if the client left before the first byte (while
+    waiting for its first token). Until the garbage collector finalised it, the request
+    would keep its row in the batch."""
+
+    def __init__(
+        self, events: AsyncGenerator[bytes, None], deltas: AsyncGenerator[Delta, None]
+    ) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self.events = events
+        self.deltas = deltas
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):  # also when the response was cancelled
+                await self.events.aclose()
+                await self.deltas.aclose()  # a no-op once the events closed it
+
+
 async def _respond(
     request: Request, body: CompletionRequest | ChatCompletionRequest, endpoint: str
 ) -> Response:
@@ -123,24 +153,26 @@ async def _respond(
         assembler = TextAssembler(service.served.tokenizer, prepared.params.stop)
         shape = _Shape(isinstance(body, ChatCompletionRequest), service.served.name)
         if prepared.stream:
-            deltas = service.stream(prepared, assembler)
+            deltas = service.stream(prepared, assembler, request.is_disconnected)
             # Wait for the first step before answering 200, so a request the engine
             # refuses still gets a proper error status.
-            first = await anext(deltas)
+            try:
+                first = await anext(deltas)
+            except StopAsyncIteration:
+                status = 499  # the client went away before its first token
+                return Response(status_code=499)
             metrics.first_token.observe(time.perf_counter() - start)
             status, streaming = 200, True
-            return StreamingResponse(
-                _events(service, prepared, assembler, shape, first, deltas, endpoint, start),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
+            events = _events(service, prepared, assembler, shape, first, deltas, endpoint, start)
+            return _EventStream(events, deltas)
         text: list[str] = []
         finish: str | None = None
-        async for delta in service.stream(prepared, assembler, request.is_disconnected):
-            if not text:
-                metrics.first_token.observe(time.perf_counter() - start)
-            text.append(delta.text)
-            finish = delta.finish_reason
+        async with aclosing(service.stream(prepared, assembler, request.is_disconnected)) as stream:
+            async for delta in stream:
+                if not text:
+                    metrics.first_token.observe(time.perf_counter() - start)
+                text.append(delta.text)
+                finish = delta.finish_reason
         if finish is None:
             status = 499  # the client went away; nobody reads this response
             return Response(status_code=499)
@@ -167,10 +199,15 @@ async def _events(
     assembler: TextAssembler,
     shape: _Shape,
     first: Delta,
-    deltas: AsyncIterator[Delta],
+    deltas: AsyncGenerator[Delta, None],
     endpoint: str,
     start: float,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
+    """The response's server-sent events: chunks, the usage chunk if asked, ``[DONE]``.
+
+    An error after the headers (a failed step, the shutdown's cancel) is one in-band event
+    in OpenAI's error shape, then ``[DONE]``, as vLLM ends a failed stream.
+    """
     metrics = service.metrics
     status = "499"  # unless it ends normally, the client went away
     try:
@@ -180,20 +217,21 @@ async def _events(
             try:
                 delta = await anext(deltas)
             except StopAsyncIteration:
-                break
-            except Exception as exc:  # headers are sent: report in-band, as OpenAI does
-                status = "500"
-                message = str(exc) if isinstance(exc, SpectuneError) else "internal server error"
+                return  # the client went away (seen by the service's poll)
+            except Exception as exc:  # headers are sent: report in-band
+                error = _in_band(exc)
+                status = str(error.status)
                 yield _sse(
                     {
                         "error": {
-                            "message": message,
-                            "type": "server_error",
-                            "param": None,
-                            "code": None,
+                            "message": error.message,
+                            "type": error.type,
+                            "param": error.param,
+                            "code": error.code,
                         }
                     }
                 )
+                yield _sse("[DONE]")
                 return
             yield _sse(shape.chunk(delta, first=False))
         if prepared.include_usage:
@@ -203,8 +241,16 @@ async def _events(
         metrics.observe_request(len(prepared.prompt), assembler.usage())
         metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
     finally:
-        await deltas.aclose()  # type: ignore[attr-defined]
+        await deltas.aclose()
         metrics.requests.labels(endpoint, status).inc()
+
+
+def _in_band(exc: Exception) -> APIError:
+    """What a stream says of an error raised after its headers went out."""
+    if isinstance(exc, APIError):
+        return exc
+    message = str(exc) if isinstance(exc, SpectuneError) else "internal server error"
+    return APIError(500, message, type="server_error")
 
 
 def build_router() -> APIRouter:
@@ -248,15 +294,18 @@ def build_router() -> APIRouter:
             ],
         }
 
-    @router.get("/health", responses={503: {"description": "the scheduler has stopped"}})
+    @router.get(
+        "/health",
+        responses={503: {"description": "shutting down, or the scheduler has stopped"}},
+    )
     async def health(request: Request) -> JSONResponse:
-        scheduler = _service(request).scheduler
-        body = {
-            "status": "ok" if scheduler.alive else "stopped",
-            "running": scheduler.running,
-            "waiting": scheduler.waiting,
-        }
-        return JSONResponse(body, status_code=200 if scheduler.alive else 503)
+        service = _service(request)
+        scheduler = service.scheduler
+        state = "ok" if scheduler.alive else "stopped"
+        if service.draining:
+            state = "draining"  # a load balancer sends new requests elsewhere
+        body = {"status": state, "running": scheduler.running, "waiting": scheduler.waiting}
+        return JSONResponse(body, status_code=200 if state == "ok" else 503)
 
     @router.get("/metrics", dependencies=authorized, responses=ERROR_RESPONSES)
     async def metrics(request: Request) -> Response:

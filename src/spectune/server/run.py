@@ -1,17 +1,24 @@
-"""Serving an app on a socket: binding with one-line errors, and uvicorn with a bounded
-graceful shutdown. Shared by ``spectune serve`` and the soak test's server."""
+"""Serving an app on a socket: binding with one-line errors, and uvicorn with a graceful
+shutdown (``spectune.server.shutdown``). Shared by ``spectune serve`` and the soak test's
+server. Light to import (no uvicorn, no FastAPI): ``spectune serve`` reads its defaults and
+checks its flags with it before anything heavy loads."""
 
 from __future__ import annotations
 
+import math
 import socket
+from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
+from spectune.errors import InvalidParameterError
 
-from spectune.errors import InvalidParameterError, SpectuneError
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
-__all__ = ["GRACEFUL_SHUTDOWN_SECONDS", "listen", "serve_on"]
+__all__ = ["DRAIN_SECONDS", "check_drain_seconds", "listen", "serve_on"]
 
-GRACEFUL_SHUTDOWN_SECONDS = 30  # how long requests in flight may finish after a SIGTERM
+# Kubernetes sends SIGKILL 30 s after SIGTERM unless told otherwise: 25 s of drain leaves
+# time to answer what is left with an error and exit before that.
+DRAIN_SECONDS = 25.0
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -40,23 +47,24 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def check_drain_seconds(seconds: float) -> float:
+    """``seconds`` if it can bound a drain (finite, >= 0), else a one-line error."""
+    if not 0 <= seconds < math.inf:
+        raise InvalidParameterError(
+            f"--drain-seconds must be a number of seconds >= 0, got {seconds:g}"
+        )
+    return seconds
+
+
 def serve_on(
     app: FastAPI,
     sock: socket.socket,
     *,
     log_level: str = "info",
-    graceful_seconds: int = GRACEFUL_SHUTDOWN_SECONDS,
+    drain_seconds: float = DRAIN_SECONDS,
 ) -> None:
-    """Serve ``app`` on the bound ``sock`` until SIGINT or SIGTERM.
+    """Serve ``app`` on the bound ``sock`` until SIGINT or SIGTERM, drain and return
+    (``spectune.server.shutdown``)."""
+    from spectune.server.shutdown import serve
 
-    On either signal uvicorn stops accepting connections at once, lets the requests in
-    flight finish for up to ``graceful_seconds``, then closes the rest; the
-    scheduler then fails whatever is left with "the server is shutting down".
-    """
-    import uvicorn
-
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=graceful_seconds)
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
-    if not server.started:  # uvicorn logged why (e.g. the app's startup failed)
-        raise SpectuneError("the server did not start (see the log above)")
+    serve(app, sock, log_level=log_level, drain_seconds=check_drain_seconds(drain_seconds))

@@ -3,6 +3,11 @@ K policy (``prepare``), then a stream of text deltas from the scheduler (``strea
 
 Every check happens in ``prepare``, before the request takes a place in the queue, so a
 bad request is refused with a 4xx and never reaches the engine.
+
+Shutdown (driven by ``spectune.server.shutdown``): ``drain`` makes ``prepare`` refuse new
+requests with a 503 while those in flight (``in_flight``) go on; ``cancel_all`` then ends
+whatever is left with a 503 error (``ShuttingDown``) that the routes answer in OpenAI's
+shape, a streamed response in-band.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
 from spectune.control.base import FixedK, KPolicy
@@ -37,10 +42,18 @@ from spectune.server.scheduler import (
 )
 from spectune.server.schemas import ChatCompletionRequest, CompletionRequest, SpectuneOptions
 
-__all__ = ["Prepared", "ServedModel", "Service"]
+__all__ = ["Prepared", "ServedModel", "Service", "ShuttingDown"]
 
 DISCONNECT_POLL_SECONDS = 0.25
 GREEDY_BELOW = 1e-5  # temperatures under this decode greedily
+
+
+class ShuttingDown(APIError):
+    """The server is shutting down: a request refused while it drains, or cancelled after
+    the drain bound (503; OpenAI's clients treat it as retryable)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message, type="server_error", code="server_shutting_down")
 
 
 @dataclass(frozen=True)
@@ -102,12 +115,44 @@ class Service:
         )
         self.context_limit = context_limit or served.model.info.max_context
         self.cost_curve = verify_curve_of(served.model)  # the cost policy's prior
+        self.draining = False  # shutting down: new requests get a 503
+        # The requests being served, by id: their sinks, so that shutdown can end each one
+        # from the event loop even while the scheduler thread is inside a long step.
+        self._sinks: dict[str, AsyncSink] = {}
+
+    # -- shutting down --------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet ended (by their last token, an error, their client
+        going away or ``cancel_all``)."""
+        return len(self._sinks)
+
+    def drain(self) -> None:
+        """Refuse new requests from now on (503); those in flight go on."""
+        self.draining = True
+
+    def cancel_all(self, reason: str) -> int:
+        """End every request in flight with a ``ShuttingDown`` error saying ``reason``; how
+        many. Each stream raises it at its next read (updates already queued come first, so
+        a request whose last step has arrived still finishes), and its row is freed at the
+        scheduler's next step."""
+        cut = list(self._sinks.items())  # each leaves ``_sinks`` when its stream ends
+        for request_id, sink in cut:
+            sink.fail(ShuttingDown(reason))
+            self.scheduler.cancel(request_id)
+        return len(cut)
 
     # -- checking a request ---------------------------------------------------------------
 
     def prepare(
         self, body: CompletionRequest | ChatCompletionRequest, tenant: str | None = None
     ) -> Prepared:
+        if self.draining:
+            raise ShuttingDown(
+                "the server is shutting down and takes no new requests; retry on another "
+                "replica or once it has restarted"
+            )
         if body.model != self.served.name and body.model not in self.served.aliases:
             raise APIError(
                 404,
@@ -263,13 +308,16 @@ class Service:
         prepared: Prepared,
         assembler: TextAssembler,
         is_disconnected: Callable[[], Awaitable[bool]] | None = None,
-    ) -> AsyncIterator[Delta]:
+    ) -> AsyncGenerator[Delta, None]:
         """Submit the request and yield its text deltas until it finishes.
 
         Leaving early (the client went away, the consumer stopped) cancels the request in
         the engine, which frees its cache row; a stop string found here does the same.
-        ``is_disconnected`` is polled while waiting, for responses that are not streamed
-        (a streamed response is cancelled by the server when its client goes).
+        ``is_disconnected`` is polled while waiting: for a response that is not streamed
+        it is the only way to notice a client that went away, and for a streamed one it
+        covers the wait for the first token (Starlette watches the connection only once
+        the response has started; before, a request queued behind a full batch would keep
+        its place, then a row, long after its client left).
         """
         request_id = uuid.uuid4().hex
         sink = AsyncSink(asyncio.get_running_loop())
@@ -293,8 +341,10 @@ class Service:
             "prompt": list(prepared.prompt),
         }
         watch = self.monitor.request(policy=prepared.policy, request_id=request_id, info=info)
+        self._sinks[request_id] = sink
         engine_done = False  # the engine finished the request and freed its row itself
         client_gone = False
+        cut = False  # cancelled by the shutdown
         finished = False  # the last delta (with its finish reason) was handed out
         client = None if is_disconnected is None else _ClientWatch(is_disconnected)
         try:
@@ -314,8 +364,13 @@ class Service:
             # Closed before the end: the client went away (after the end: just cleanup).
             client_gone = not finished
             raise
+        except ShuttingDown:
+            cut = True
+            raise
         finally:
-            watch.finish(cancelled=client_gone)
+            del self._sinks[request_id]
+            # Every request's trace ends with its ``end`` event, however it ended.
+            watch.finish(cancelled=client_gone or cut)
             if not engine_done:
                 self.scheduler.cancel(request_id)
             if client_gone:

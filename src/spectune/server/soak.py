@@ -14,8 +14,9 @@ process (so SIGTERM is real); this process is the clients. In order:
    raises, returns NaN probabilities, or hangs for ``hang_seconds`` (past the server's
    draft deadline). Afterwards every row must be free again.
 4. SIGTERM with requests in flight: each must finish or end with a clean error (an
-   OpenAI error body or an in-band stream error), connections opened after it must be
-   refused, and the server must exit 0.
+   OpenAI error body or an in-band stream error), requests sent after it must be refused
+   (a 503 while the server drains, a refused connection once it has closed), and the
+   server must exit 0.
 
 The report: requests sent, answered, disconnected by their clients, cancelled (the
 server's count), errors by kind, fallbacks by kind, RSS at start and end of the soak
@@ -50,8 +51,6 @@ from spectune.server.soak_clients import Job, send
 __all__ = ["SoakConfig", "SoakReport", "main", "run_soak"]
 
 RETRY_AFTER_429 = 0.25  # seconds a client waits after a 429 (the server's cancel poll)
-# uvicorn re-raises the signal after its graceful shutdown, so SIGTERM ends in -SIGTERM.
-CLEAN_EXITS = (0, -signal.SIGTERM)
 TOY_PROMPTS = tuple(" ".join(f"w{(i * 7 + j) % 50}" for j in range(3 + i % 5)) for i in range(8))
 
 
@@ -69,7 +68,7 @@ class SoakConfig:
     draft_deadline: float = 0.25  # the server's (seconds)
     sigterm_requests: int = 6
     sigterm_max_tokens: int = 200
-    graceful_seconds: int = 30
+    drain_seconds: float = 30.0  # the server's --drain-seconds
     rss_bound_mb: float = 64.0
     seed: int = 0
     startup_checks: bool = True
@@ -117,7 +116,7 @@ class SoakReport:
             any(kind.startswith("unclean") for kind in self.sigterm)
             or not self.finished_after_signal
             or self.accepted_after_sigterm
-            or self.exit_code not in CLEAN_EXITS
+            or self.exit_code != 0
         ):
             found.append(
                 f"SIGTERM: {dict(self.sigterm)}, {self.accepted_after_sigterm} accepted "
@@ -142,7 +141,7 @@ class SoakReport:
             f"RSS start {self.rss_start_mb:.1f} MiB, end {self.rss_end_mb:.1f} MiB "
             f"(growth {self.rss_end_mb - self.rss_start_mb:+.1f}, bound {c.rss_bound_mb:g})",
             f"SIGTERM with {sum(self.sigterm.values())} in flight: {dict(self.sigterm)} "
-            f"({self.finished_after_signal} answered after the signal); new connections after "
+            f"({self.finished_after_signal} answered after the signal); new requests after "
             f"it: {self.refused_after_sigterm} refused, {self.accepted_after_sigterm} "
             f"accepted; exit code {self.exit_code}",
             f"start-up faults: {self.startup or 'not run'}",
@@ -340,18 +339,18 @@ def _sigterm(
     signalled[0] = time.monotonic()
     process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
-    for _ in range(3):  # new connections after the signal
+    body = {"model": "toy", "prompt": TOY_PROMPTS[0], "max_tokens": 4}
+    for _ in range(3):  # new requests after the signal: a 503 while it drains
         try:
-            httpx.get(url + "/health", timeout=2)
-            report.accepted_after_sigterm += 1
-        except httpx.ConnectError:
-            report.refused_after_sigterm += 1
+            refused = httpx.post(url + "/v1/completions", json=body, timeout=5).status_code == 503
         except httpx.HTTPError:
-            report.refused_after_sigterm += 1  # closed without an answer: not accepted
+            refused = True  # the listener has closed (or closed without an answer)
+        report.refused_after_sigterm += refused
+        report.accepted_after_sigterm += not refused
     for thread in threads:
-        thread.join(config.graceful_seconds + 60)
+        thread.join(config.drain_seconds + 60)
     try:
-        report.exit_code = process.wait(config.graceful_seconds + 30)
+        report.exit_code = process.wait(config.drain_seconds + 30)
     except subprocess.TimeoutExpired:
         process.kill()
         report.exit_code = None

@@ -82,6 +82,4 @@ def serve(config: SoakConfig) -> None:
     )
     sock = listen("127.0.0.1", 0)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
-    serve_on(
-        create_app(service), sock, log_level="warning", graceful_seconds=config.graceful_seconds
-    )
+    serve_on(create_app(service), sock, log_level="warning", drain_seconds=config.drain_seconds)
