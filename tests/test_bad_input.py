@@ -31,11 +31,15 @@ from spectune.models.toy import toy_model
 from spectune.server import Limits, create_app
 from spectune.server.engines import DraftSource, EngineSettings
 from spectune.server.testing import toy_service, toy_tokenizer
+from test_watch import canned
 
 # -- the command line ----------------------------------------------------------------------
 
 # (argv, a part of the message). Placeholders: @T a toy model folder (with a tokenizer),
-# @W a scratch folder holding the files below, @BUSY a loopback port another socket holds.
+# @W a scratch folder holding the files below, @BUSY a loopback port another socket holds,
+# @BIN the URL of a loopback server that answers binary bytes, @DEAD one nothing answers.
+# Every case fails before a model loads (or, at most, once the toy model has), so each
+# costs milliseconds; a regression that starts the work shows as a slow case.
 CLI_CASES: list[tuple[str, str]] = [
     # usage errors (argparse), any command
     ("bogus", "invalid choice: 'bogus'"),
@@ -82,7 +86,16 @@ CLI_CASES: list[tuple[str, str]] = [
     ("generate hi --target @W/truncated", "cannot read"),
     ("generate hi --target @W/garbage.txt", "unsupported model file garbage.txt"),
     ("generate hi --target @T --draft /nonexistent", "model not found: /nonexistent"),
-    ("generate hi --target @T --trace /nonexistent/dir/t.jsonl", "cannot write trace"),
+    ("generate hi --target @T --trace /nonexistent/dir/t.jsonl", "folder /nonexistent/dir does"),
+    ("generate hi --target @T --trace @W", "--trace @W is a folder; give a file name"),
+    ("generate hi --target @T --trace @W/toy/config.json", "is a file of the --target folder"),
+    ("generate hi --target @T --policy-file @W/garbage.txt --trace @W/garbage.txt", "--policy-f"),
+    ("generate hi --target @T --policy-file @W/binary.bin", "is not valid TOML"),
+    ("generate hi --target @T --policy-file @W", "cannot read policy file"),
+    # generate: a token tree on a target that cannot take one, refused before loading
+    ("generate hi --compile --tree-width 2 --draft smollm2-draft --dtype fp32", "--compile do"),
+    ("generate hi --compile --tree-nodes 8 --draft none", "and --compile do not go together"),
+    ("generate hi --runtime llamacpp --tree-width 2", "not llamacpp"),
     # serve: the address, before any model loads
     ("serve --port 70000", "--port must be in [0, 65535], got 70000"),
     ("serve --port -1", "--port must be in [0, 65535], got -1"),
@@ -129,6 +142,21 @@ CLI_CASES: list[tuple[str, str]] = [
     ("bench --target @T --draft ngram --budget-minutes nan", "--budget-minutes"),
     ("bench --target @T --draft ngram --seed -1", "--seed must be in [0, 2**63 - 1]"),
     ("bench --target @T --draft ngram --out @W/garbage.txt", "is a file"),
+    ("bench --target @T --draft ngram --out @W/garbage.txt/run", "garbage.txt is a file, not a"),
+    ("bench --target @T --draft ngram --out /proc/spectune-bench", "cannot write in /proc"),
+    # bench --baseline: a previous run's results.json, read (and checked) before the run
+    ("bench --target @T --draft ngram --baseline @W/other.json", "no 'rows' list"),
+    ("bench --target @T --draft ngram --baseline @W/rows-numbers.json", "a row is not an object"),
+    ("bench --target @T --draft ngram --baseline @W/rows-no-all.json", "no row over all"),
+    ("bench --target @T --draft ngram --baseline @W/rows-no-speed.json", "tokens_per_second"),
+    ("bench --target @T --draft ngram --baseline @W/bad-timing.json", "measurements[0].seconds"),
+    ("bench --target @T --draft ngram --baseline /nonexistent.json", "cannot read it"),
+    ("bench --target @T --draft ngram --baseline @W", "cannot read it"),
+    ("bench --target @T --draft ngram --baseline @W/binary.bin", "cannot read it"),
+    ("bench --target @T --draft ngram --readme /nonexistent.md", "cannot read /nonexistent.md"),
+    ("bench --target @T --draft ngram --readme @W/garbage.txt", "has no results block"),
+    ("bench --target @T --draft ngram --prompts @W", "cannot read prompt file"),
+    ("bench --target @T --draft ngram --prompts @W/binary.bin", "cannot read prompt file"),
     ("bench --target @T --draft ngram --threads 0", "--threads must be >= 1, got 0"),
     ("bench --target @T --draft ngram --prompts /nonexistent.jsonl", "not found"),
     ("bench --target @T --draft ngram --prompts @W/bad.jsonl", "bad.jsonl:1"),
@@ -194,6 +222,25 @@ CLI_CASES: list[tuple[str, str]] = [
     ("tune --limit-per-category 0", "--limit-per-category must be at least 1"),
     ("tune --threads 0", "--threads must be >= 1"),
     ("tune --trace @W/plain-trace.jsonl --out @W", "is a folder"),
+    ("tune --trace @W/plain-trace.jsonl --out @W/plain-trace.jsonl", "is the --trace input"),
+    ("tune --trace @W/plain-trace.jsonl --report @W/plain-trace.jsonl", "is the --trace input"),
+    ("tune --trace @W/plain-trace.jsonl --out @W/trace-link.jsonl", "is the --trace input"),
+    ("tune --trace @W/plain-trace.jsonl --out @W/p.toml --report @W/p.toml", "also the --out"),
+    ("tune --trace @W/plain-trace.jsonl --out @W/garbage.txt/p.toml", "garbage.txt is a file"),
+    ("tune --trace @W/plain-trace.jsonl --out /nonexistent/p.toml", "does not exist"),
+    ("tune --trace @W/plain-trace.jsonl --out /proc/p.toml", "cannot write in /proc"),
+    ("tune --trace @W/binary.bin", "not UTF-8 text"),
+    ("tune --trace @W", "cannot read trace"),
+    ("tune --target @T --draft ngram --prompts @W", "cannot read prompt file"),
+    # tune --engine llamacpp: the server binary is checked before anything starts
+    ("tune --engine llamacpp --target @W/corrupt.gguf --server-binary @W/garbage.txt", "is not ex"),
+    ("tune --engine llamacpp --target @W/corrupt.gguf --server-binary /nonexistent", "no llama-se"),
+    ("tune --engine llamacpp --target @W/corrupt.gguf --server-binary @W", "is a folder, not a"),
+    (
+        "tune --engine llamacpp --server-binary @W/no-program.sh --target @W/corrupt.gguf "
+        "--draft ngram --limit-per-category 1 --confirm-prompts 1",
+        "cannot start @W/no-program.sh: Exec format error",
+    ),
     ("tune --target @T --draft none", "tuning needs a drafter"),
     ("tune --target @T --draft ngram --prompts @W/bad.jsonl", "bad.jsonl:1"),
     # --policy-file on the other commands that decode
@@ -214,6 +261,18 @@ CLI_CASES: list[tuple[str, str]] = [
     ("select ngram --target @T --prompts /nonexistent.jsonl", "not found"),
     ("select ngram --target @T --prompts @W/bad.jsonl", "bad.jsonl:1"),
     ("select ngram --target @T --split bogus", "no prompts left"),
+    ("select ngram --target @T --out @W/garbage.txt/sub", "garbage.txt is a file, not a folder"),
+    ("select ngram --target @T --out /proc/spectune-select", "cannot write in /proc"),
+    ("select ngram --target @T --prompts @W", "cannot read prompt file"),
+    ("select ngram --target @T --prompts @W/binary.bin", "cannot read prompt file"),
+    # advise: the report folder and the traffic, before any model loads
+    ("advise --target @T --draft ngram --out @W/garbage.txt", "is a file; give a folder"),
+    ("advise --target @T --draft ngram --out @W/garbage.txt/sub", "garbage.txt is a file, not a"),
+    ("advise --target @T --draft ngram --out /proc/spectune-advise", "cannot write in /proc"),
+    ("advise --target @T --draft ngram --traces /nonexistent", "no such file or folder"),
+    ("advise --target @T --draft ngram --traces @W/garbage.txt", "not a spectune trace event"),
+    ("advise --target @T --draft ngram --traces @W/binary.bin", "not UTF-8 text"),
+    ("advise --target @T --draft ngram --prompts @W", "cannot read prompt file"),
     # experiment
     ("experiment bogus", "invalid choice: 'bogus'"),
     ("experiment tree --toy --per-category 0", "--per-category must be >= 1"),
@@ -238,6 +297,10 @@ CLI_CASES: list[tuple[str, str]] = [
     ("suffix-index @W -o @W/i.npz --max-tokens 0", "--max-tokens must be >= 1"),
     ("suffix-index @W -o @W", "is a folder"),
     ("suffix-index @W -o @W/i.npz", "no answers to index"),
+    ("suffix-index @W/tokens.jsonl -o @W/tokens.jsonl", "is the corpus input"),
+    ("suffix-index @W/tokens.jsonl -o @W/garbage.txt/i.npz", "garbage.txt is a file, not a"),
+    ("suffix-index @W/tokens.jsonl -o /proc/i.npz", "cannot write in /proc"),
+    ("suffix-index @W/binary.bin -o @W/i.npz", "cannot read"),
     # devices and precisions, any model-loading command
     ("generate hi --device tpu", "argument --device: invalid choice"),
     ("generate hi --device cuda --target @T", "cuda"),
@@ -247,6 +310,30 @@ CLI_CASES: list[tuple[str, str]] = [
     ("report @W/garbage.txt", "garbage.txt:1"),
     ("report @W", "cannot read trace"),
     ("report @W/garbage.txt --window 0", "--window must be >= 1"),
+    ("report @W/binary.bin", "not UTF-8 text"),
+    ("report @W/plain-trace.jsonl --out @W/garbage.txt", "is a file; give a folder"),
+    ("report @W/plain-trace.jsonl --out @W/plain-trace.jsonl", "is a file; give a folder"),
+    ("report @W/plain-trace.jsonl --out @W/garbage.txt/sub", "garbage.txt is a file, not a"),
+    ("report @W/plain-trace.jsonl --out /proc/spectune-report", "cannot write in /proc"),
+    # watch: the URL before the first poll, what a server sends quoted short and escaped
+    ("watch 'http://[::1' --once", "is not a valid URL"),
+    ("watch ftp://host --once", "ftp://host is not an http(s) URL"),
+    ("watch http:// --once", "is not an http(s) URL"),
+    ("watch http://host:99999 --once", "port 99999 is not in [1, 65535]"),
+    ("watch @DEAD --once --api-key $'k\\u00e9y'", "--api-key must be printable ASCII"),
+    ("watch @BIN --once", "not Prometheus text"),
+    ("watch @BIN --once --json", "not Prometheus text"),
+    ("watch @DEAD --polls 2 --interval 0.01", "all 2 polls failed; the last: cannot connect"),
+    ("watch @DEAD --polls 2 --interval 0.01 --json", "all 2 polls failed"),
+    # files other commands read
+    ("serve --port 0 --target @T --trace @W", "cannot write trace"),
+    ("serve --port 0 --target @T --api-keys /nonexistent", "cannot read API keys"),
+    ("serve --port 0 --target @T --api-keys @W", "cannot read API keys"),
+    ("serve --policy-file @W/binary.bin", "is not valid TOML"),
+    ("corpus --out @W/c --seeds @W", "seed file not found"),
+    ("distill --corpus @W --out @W/d --steps 1 --target @T", "corpus file not found"),
+    ("distill --answers @W/garbage.txt --out @W/d --steps 1 --target @T", "no answer shards"),
+    ("experiment evidence --toy --tune-report @W", "no such file"),
     # export
     ("export --to bogus", "argument --to: invalid choice"),
     ("export --to vllm", ""),
@@ -269,10 +356,18 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         '"emitted":[1],"draft_time":0,"target_time":0.01,"step_time":0.01}\n'
     )
     (work / "plain-trace.jsonl").write_text(plain_step)
+    (work / "trace-link.jsonl").symlink_to(work / "plain-trace.jsonl")  # one file, two names
     hot = '{"event":"request","request":"0","info":{"temperature":"hot"}}\n'
     (work / "hot-trace.jsonl").write_text(hot + plain_step)
     (work / "corpus.jsonl").write_text('{"text": "w1 w2 w3"}\n')
     (work / "corrupt.gguf").write_bytes(b"GGUF" + b"\x00garbage" * 10)
+    (work / "binary.bin").write_bytes(BINARY)
+    (work / "tokens.jsonl").write_text("[1, 2, 3]\n[4, 5, 6]\n")
+    program = work / "no-program.sh"  # executable, but neither a binary nor a #! script
+    program.write_text("not a program\n")
+    program.chmod(0o755)
+    for name, results in BASELINES.items():
+        (work / name).write_text(json.dumps(results))
     for name in ("no-weights", "truncated"):
         save_native(toy_model(0), work / name)
     (work / "no-weights" / "model.safetensors").unlink()
@@ -281,8 +376,35 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
-    yield {"@T": str(toy), "@W": str(work), "@BUSY": str(busy.getsockname()[1])}
+    with socket.socket() as dead:  # a port nothing listens on
+        dead.bind(("127.0.0.1", 0))
+        dead_port = dead.getsockname()[1]
+    with canned(BINARY.decode("latin-1")) as server:  # every byte value, as text
+        yield {
+            "@T": str(toy),
+            "@W": str(work),
+            "@BUSY": str(busy.getsockname()[1]),
+            "@BIN": server + "/metrics",
+            "@DEAD": f"http://127.0.0.1:{dead_port}",
+        }
     busy.close()
+
+
+# Bytes a misdirected URL or file may hold: every byte value, a terminal escape, a CR.
+BINARY = bytes(range(256)) * 4 + b"\x1b[31mred\x1b[0m\r"
+
+_ROW = {"system": "spectune plain", "dtype": "fp32", "temperature": 0.0, "category": "all"}
+# Valid JSON that is not a benchmark's results.json, as far as --baseline reads it.
+BASELINES = {
+    "other.json": {"results": []},
+    "rows-numbers.json": {"rows": [1, 2]},
+    "rows-no-all.json": {"rows": [{**_ROW, "category": "code"}]},
+    "rows-no-speed.json": {"rows": [_ROW]},
+    "bad-timing.json": {
+        "rows": [{**_ROW, "tokens_per_second": 10.0, "speedup_vs_plain": 1.0}],
+        "measurements": [{**_ROW, "prompt_id": "a", "tokens": [1, 2], "seconds": "0.1"}],
+    },
+}
 
 
 def split_argv(line: str, places: dict[str, str]) -> list[str]:
@@ -319,6 +441,7 @@ def test_cli(
     assert status == 2, (status, err[-500:])
     assert "Traceback" not in err + captured.out
     assert err.startswith("spectune: error: ") and err.count("\n") == 1, err
+    assert err[:-1].isprintable(), err  # nothing a file or server sent reaches the terminal raw
     for key, value in scratch.items():
         message = message.replace(key, value)
     assert message in err

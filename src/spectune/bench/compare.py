@@ -21,7 +21,7 @@ import json
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,68 @@ def load_baseline(path: Path) -> dict[str, Any]:
         raise InvalidParameterError(
             f"--baseline {path} is not a benchmark's results.json (no 'rows' list)"
         )
+    problem = _results_problem(data)
+    if problem is not None:
+        raise InvalidParameterError(
+            f"--baseline {path} is not a benchmark's results.json ({problem})"
+        )
     return data
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _string(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+Fields = tuple[tuple[str, Callable[[Any], bool], str], ...]  # (field, check, what it must be)
+
+# What the comparison reads of a run's rows over all categories and of its measurements.
+_ROW_FIELDS: Fields = (
+    ("system", _string, "a string"),
+    ("dtype", _string, "a string"),
+    ("temperature", _number, "a number"),
+    ("tokens_per_second", _number, "a number"),
+    ("speedup_vs_plain", lambda v: v is None or _number(v), "a number or null"),
+)
+_MEASUREMENT_FIELDS: Fields = (
+    ("system", _string, "a string"),
+    ("dtype", _string, "a string"),
+    ("temperature", _number, "a number"),
+    ("prompt_id", _string, "a string"),
+    ("tokens", lambda v: isinstance(v, list), "a list"),
+    ("seconds", _number, "a number"),
+)
+
+
+def _results_problem(data: Mapping[str, Any]) -> str | None:
+    """What of ``data`` the comparison could not read (None: nothing), checked before the
+    run, so that a wrong file fails in a second instead of after the whole benchmark."""
+    rows, measurements = data["rows"], data.get("measurements", [])
+    if not all(isinstance(row, dict) for row in rows):
+        return "a row is not an object"
+    cells = [(i, row) for i, row in enumerate(rows) if row.get("category") == "all"]
+    if not cells:
+        return "no row over all categories"
+    if not isinstance(measurements, list):
+        return "'measurements' is not a list"
+    if not isinstance(data.get("environment", {}), dict):
+        return "'environment' is not an object"
+    return _fields_problem("rows", cells, _ROW_FIELDS) or _fields_problem(
+        "measurements", enumerate(measurements), _MEASUREMENT_FIELDS
+    )
+
+
+def _fields_problem(name: str, items: Iterable[tuple[int, Any]], fields: Fields) -> str | None:
+    for i, item in items:
+        if not isinstance(item, dict):
+            return f"{name}[{i}] is not an object"
+        for field, check, kind in fields:
+            if not check(item.get(field)):
+                return f"{name}[{i}].{field} is not {kind}"
+    return None
 
 
 def _timings(data: Mapping[str, Any]) -> dict[Cell, Timings]:

@@ -154,9 +154,12 @@ def llama_server(
         *args,
         *extra,
     ]
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    try:
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+    except OSError as exc:  # not a program this machine can run (a script without #!, ...)
+        raise LlamaServerError(f"cannot start {binary}: {exc.strerror or exc}") from exc
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_within

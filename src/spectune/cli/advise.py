@@ -21,6 +21,7 @@ from spectune.cli.common import (
     print_notes,
     set_threads,
 )
+from spectune.cli.paths import output_folder
 from spectune.cli.select import check_candidate_paths
 from spectune.control.config import PolicySpec
 from spectune.control.crossover import curve_for_this_machine
@@ -201,8 +202,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(
             f"unknown engine {args.engine!r}; choose one of spectune, vllm, sglang, llama.cpp"
         )
-    if args.out.exists() and not args.out.is_dir():
-        raise InvalidParameterError(f"--out {args.out} is a file")
+    output_folder(args.out, "--out")
     per_category = _per_category(args)
     traffic = None if args.traces is None else load_traffic(args.traces, per_category)
     settings = _settings(args, () if traffic is None else traffic.temperatures)

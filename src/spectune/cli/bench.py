@@ -11,7 +11,7 @@ from typing import Any
 
 from spectune.cli.common import add_threads_arg, set_threads
 from spectune.cli.common import parse_numbers as _numbers
-from spectune.errors import InvalidParameterError
+from spectune.cli.paths import output_file, output_folder
 
 __all__ = ["register"]
 
@@ -208,10 +208,10 @@ def run(args: argparse.Namespace) -> int:
         from spectune.bench.readme import results_block
 
         results_block(args.readme)  # a README without the block fails before the run
+        output_file(args.readme, "--readme")
     # Read before the run: the baseline may be the results.json this run overwrites.
     baseline = None if args.baseline is None else load_baseline(args.baseline)
-    if args.out.exists() and not args.out.is_dir():
-        raise InvalidParameterError(f"--out {args.out} is a file; the results need a folder")
+    output_folder(args.out, "--out")
     set_threads(args.threads)
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     console = Console()

@@ -20,6 +20,7 @@ from spectune.cli.common import (
     set_threads,
     startup_line,
 )
+from spectune.cli.paths import output_file
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.crossover import verify_curve_of
@@ -31,6 +32,8 @@ from spectune.drafters.pairing import tree_drafter_for
 from spectune.drafters.tree import TreeShape
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
+from spectune.models.llamacpp import LLAMACPP
+from spectune.models.loading import DEFAULT_TARGET
 from spectune.models.tokenizer import Tokenizer, check_text
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.trace import TraceWriter
@@ -172,8 +175,32 @@ def check_prompt_args(args: argparse.Namespace) -> None:
             check_text(text, name)
 
 
+def check_model_args(args: argparse.Namespace) -> None:
+    """Refuse, before any model loads, what would fail only once the models are loaded
+    (and, with a draft, the verification curve measured: minutes on a compiled target)."""
+    tree = args.tree_width is not None or args.tree_nodes is not None
+    if tree and args.compile:
+        raise InvalidParameterError(
+            "token trees (--tree-width, --tree-nodes) and --compile do not go together: "
+            "compiled steps take no tree attention mask (drop one)"
+        )
+    if tree and args.runtime == LLAMACPP:
+        raise InvalidParameterError(
+            "token trees need a runtime with tree attention masks, not llamacpp (--runtime native)"
+        )
+    if args.trace is not None:
+        target = None if args.target == DEFAULT_TARGET else args.target
+        inputs = [
+            ("--target", target),
+            ("--draft", args.draft),
+            ("--policy-file", args.policy_file),
+        ]
+        output_file(args.trace, "--trace", inputs)
+
+
 def run(args: argparse.Namespace) -> int:
     check_prompt_args(args)
+    check_model_args(args)
     spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
     build_policy(spec, params=params)  # checks the options before loading models

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from spectune.cli.paths import output_folder
 from spectune.errors import InvalidParameterError
 from spectune.monitor.report import TraceReport, analyse_trace, peak_by_k, plot_report
 from spectune.monitor.trace import read_trace
@@ -39,11 +40,11 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline_tps is not None and not args.baseline_tps > 0:
         raise InvalidParameterError(f"--baseline-tps must be > 0, got {args.baseline_tps}")
     trace = Path(args.trace)
+    out = output_folder(args.out or trace.with_name(trace.stem + "_report"), "--out")
     requests = read_trace(trace)
     report = analyse_trace(
         requests, baseline_tokens_per_second=args.baseline_tps, window=args.window
     )
-    out = Path(args.out) if args.out else trace.with_name(trace.stem + "_report")
     paths = plot_report(report, out)
     print_report(report, paths)
     return 0

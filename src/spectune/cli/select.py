@@ -15,6 +15,7 @@ from spectune.cli.common import (
     print_notes,
     set_threads,
 )
+from spectune.cli.paths import output_folder
 from spectune.control.crossover import curve_for_this_machine
 from spectune.drafters.pairing import is_suffix_spec, load_target
 from spectune.errors import InvalidParameterError
@@ -94,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.per_category < 1:
         raise InvalidParameterError("--per-category must be at least 1")
     # Settings are checked before minutes of loading.
-    if args.report_dir.exists() and not args.report_dir.is_dir():
-        raise InvalidParameterError(f"--out {args.report_dir} is a file")
+    output_folder(args.report_dir, "--out")
     precision, device = precision_from_args(args)
     settings = SelectSettings(
         continuation_tokens=args.continuation_tokens,

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from spectune.cli.paths import output_file
 from spectune.distill.corpus import read_answers
 from spectune.distill.sources import read_json_lines
 from spectune.drafters.suffix_index import DEFAULT_MAX_DEPTH, SuffixIndex, tokenizer_fingerprint
@@ -69,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--max-tokens", args.max_tokens), ("--max-depth", args.max_depth)):
         if value is not None and value < 1:
             raise InvalidParameterError(f"{flag} must be >= 1, got {value}")
-    if args.output.is_dir():
-        raise InvalidParameterError(f"--out {args.output} is a folder; give a file name")
+    output_file(args.output, "--out", [("corpus", source)], make_parents=True)
     if source.is_dir():
         documents = _answers(source, args.split)
     elif source.is_file():

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.cli.common import add_model_args, add_threads_arg, parse_numbers, set_threads
+from spectune.cli.paths import distinct_outputs, output_file
 from spectune.cli.tune_llamacpp import add_args as add_llamacpp_args
 from spectune.cli.tune_llamacpp import run_llamacpp
 from spectune.cli.tune_report import print_summary, report_data, report_markdown
@@ -110,10 +111,30 @@ def check_args(args: argparse.Namespace) -> tuple[float, ...]:
     if args.limit_per_category < 1:
         raise InvalidParameterError("--limit-per-category must be at least 1")
     set_threads(args.threads)
-    for path in (args.out, args.report):
-        if path is not None and path.is_dir():
-            raise InvalidParameterError(f"{path} is a folder; give a file name")
+    check_outputs(args)
     return temperatures
+
+
+def report_path(args: argparse.Namespace) -> Path:
+    """``--report``, by default ``--out`` with ``.md``."""
+    return Path(args.report or args.out.with_suffix(".md"))
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every file the run writes can be written, and none is an input or another output
+    (``--out T`` for the trace ``T`` would replace the recording with the policy)."""
+    report = report_path(args)
+    inputs = [*(("--trace", trace) for trace in args.trace), ("--prompts", args.prompts)]
+    outputs = [
+        ("--out", args.out),
+        ("--report", report),
+        ("the report's JSON", report.with_suffix(".json")),
+        ("--record-trace", args.record_trace),
+    ]
+    for flag, path in outputs:
+        if path is not None:
+            output_file(path, flag, inputs)
+    distinct_outputs(outputs)
 
 
 def requests_from_traces(paths: Sequence[str]) -> tuple[list[RecordedRequest], list[str]]:
@@ -150,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     args.out = args.out or Path("tuned-policy.toml")
     temperatures = check_args(args)
     console = Console()  # progress and notes on stdout: stderr keeps one line per error
-    report_path = args.report or args.out.with_suffix(".md")
+    report = report_path(args)
     started = time.perf_counter()
     if args.trace:
         requests, notes = requests_from_traces(args.trace)
@@ -184,9 +205,9 @@ def run(args: argparse.Namespace) -> int:
     confirm = recording.confirm(tuned, result) if recording and args.confirm_prompts else None
     data = report_data(args, context, workload, costs, result, confirm, notes)
     data["seconds"] = round(time.perf_counter() - started, 1)
-    _write(report_path, report_markdown(data))
-    _write(report_path.with_suffix(".json"), json.dumps(data, indent=2) + "\n")
-    print_summary(data, args.out, report_path)
+    _write(report, report_markdown(data))
+    _write(report.with_suffix(".json"), json.dumps(data, indent=2) + "\n")
+    print_summary(data, args.out, report)
     return 0
 
 

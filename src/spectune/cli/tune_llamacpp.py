@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.cli.common import parse_numbers
+from spectune.cli.paths import executable, output_file
 from spectune.errors import InvalidParameterError
 
 __all__ = ["add_args", "default_server_binary", "run_llamacpp"]
@@ -63,43 +64,41 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _draft_file(draft: str | None, target: Path) -> Path | None:
-    """The draft as a GGUF llama.cpp loads: a .gguf as given, a ``distill --kind lm`` folder
-    converted once (cached), 'ngram' or None: no draft model."""
+def _draft_source(draft: str | None) -> Path | None:
+    """The draft as given, checked: a .gguf file, a ``distill --kind lm`` folder, or None
+    for 'ngram' or no draft (no draft model)."""
     if draft in (None, "ngram"):
         return None
     path = Path(draft)
-    if path.suffix == ".gguf" and path.is_file():
+    if (path.suffix == ".gguf" and path.is_file()) or (path / "model.safetensors").is_file():
         return path
-    if path.is_dir() and (path / "model.safetensors").is_file():
-        from spectune.models.cache_dir import derived_path
-        from spectune.models.gguf_write import write_draft_gguf
-
-        out = derived_path(path / "model.safetensors", "llamacpp-draft").with_suffix(".gguf")
-        if not out.is_file():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            partial = out.with_suffix(".partial")
-            write_draft_gguf(path, target, partial)
-            partial.replace(out)
-        return out
     raise InvalidParameterError(
         f"--draft {draft}: llama.cpp takes a draft model as a .gguf file or a "
         "spectune distill --kind lm folder (or 'ngram' for prompt lookup only)"
     )
 
 
-def _check(args: argparse.Namespace) -> tuple[Path, Path, list[int], list[float]]:
+def _draft_file(source: Path | None, target: Path) -> Path | None:
+    """``_draft_source`` as a GGUF llama.cpp loads: a folder converted once (cached)."""
+    if source is None or source.is_file():
+        return source
+    from spectune.models.cache_dir import derived_path
+    from spectune.models.gguf_write import write_draft_gguf
+
+    out = derived_path(source / "model.safetensors", "llamacpp-draft").with_suffix(".gguf")
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_suffix(".partial")
+        write_draft_gguf(source, target, partial)
+        partial.replace(out)
+    return out
+
+
+def _check(args: argparse.Namespace) -> tuple[Path, Path, Path | None, list[int], list[float]]:
+    """Every setting, before anything is converted or started: the server binary, the
+    target, the draft as given (``_draft_source``), the --n-max and --p-min grids."""
     from spectune.models.loading import resolve_model_path
 
-    binary = args.server_binary or default_server_binary()
-    if binary is None or not binary.is_file():
-        raise InvalidParameterError(
-            f"no llama-server at {binary}; build one with scripts/build-llama-server.sh or "
-            "give --server-binary"
-            if binary is not None
-            else "no llama-server found; build one with scripts/build-llama-server.sh, or give "
-            "--server-binary / set LLAMA_SERVER"
-        )
     if args.trace:
         raise InvalidParameterError("--engine llamacpp replays prompts, not --trace files")
     if args.draft == "none":
@@ -118,7 +117,22 @@ def _check(args: argparse.Namespace) -> tuple[Path, Path, list[int], list[float]
     target = resolve_model_path(args.target)
     if target.suffix != ".gguf":
         raise InvalidParameterError(f"--target {args.target}: llama-server loads a .gguf file")
-    return binary, target, n_max, p_min
+    draft = _draft_source(args.draft)
+    return _server_binary(args), target, draft, n_max, p_min
+
+
+def _server_binary(args: argparse.Namespace) -> Path:
+    """``--server-binary`` or the default one, as a program that can be started."""
+    binary: Path | None = args.server_binary or default_server_binary()
+    if binary is None or not binary.exists():
+        raise InvalidParameterError(
+            f"no llama-server at {binary}; build one with scripts/build-llama-server.sh or "
+            "give --server-binary"
+            if binary is not None
+            else "no llama-server found; build one with scripts/build-llama-server.sh, or give "
+            "--server-binary / set LLAMA_SERVER"
+        )
+    return executable(binary, "--server-binary")
 
 
 def run_llamacpp(args: argparse.Namespace) -> int:
@@ -129,10 +143,10 @@ def run_llamacpp(args: argparse.Namespace) -> int:
     from spectune.cli.tune import _round_robin, _write
     from spectune.prompts import load_prompts
 
-    binary, target, n_max, p_min = _check(args)
-    out: Path = args.out or Path("llamacpp-flags.json")
-    if out.is_dir():
-        raise InvalidParameterError(f"{out} is a folder; give a file name")
+    binary, target, draft_source, n_max, p_min = _check(args)
+    out = output_file(
+        args.out or Path("llamacpp-flags.json"), "--out", [("--prompts", args.prompts)]
+    )
     categories = tuple(c.strip() for c in args.categories.split(",")) if args.categories else None
     screen = load_prompts(
         args.prompts, categories=categories, split="dev", limit_per_category=args.limit_per_category
@@ -140,7 +154,7 @@ def run_llamacpp(args: argparse.Namespace) -> int:
     confirm = _round_robin(
         load_prompts(args.prompts, categories=categories, split="test"), args.confirm_prompts
     )
-    draft = _draft_file(args.draft, target)
+    draft = _draft_file(draft_source, target)
     candidates = flag_grid(draft, n_max, p_min, ngram=not args.no_ngram)
     if len(candidates) < 2:
         raise InvalidParameterError("nothing to tune: no draft model and --no-ngram")

@@ -4,7 +4,9 @@ The engine (vLLM, SGLang, llama.cpp's llama-server or ``spectune serve``) is det
 its metric names unless ``--engine`` says it. Each poll prints the window since the last
 one (``spectune.monitor.watch``) as a live table; ``--once --json`` prints one JSON object
 (the counts since the engine started). A poll that fails (no server, not Prometheus text,
-no speculation metrics) is one line, and watching goes on.
+no speculation metrics) is one line, and watching goes on; with ``--polls N``, a run whose
+N polls all failed ends in an error (exit status 2). What a server sent is quoted short and
+escaped (``spectune.monitor.remote.excerpt``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from spectune.errors import InvalidParameterError
-from spectune.monitor.remote import READERS, EndpointError, EngineReading, read_exposition
+from spectune.monitor.remote import (
+    READERS,
+    EndpointError,
+    EngineReading,
+    excerpt,
+    read_exposition,
+)
 from spectune.monitor.watch import CostAssumptions, Watcher, WatchReport
 
 __all__ = ["register"]
@@ -62,10 +70,20 @@ def register(subparsers: Any) -> None:
 
 
 def metrics_url(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise InvalidParameterError(f"{url} is not an http(s) URL")
-    return url if "/" in rest.rstrip("/") else url.rstrip("/") + "/metrics"
+    """``url`` checked (an http(s) URL with a host and a valid port), with ``/metrics``
+    added where it names no path."""
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except httpx.InvalidURL as exc:
+        raise InvalidParameterError(f"{excerpt(url)} is not a valid URL ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InvalidParameterError(f"{excerpt(url)} is not an http(s) URL")
+    if port is not None and not 0 < port < 2**16:
+        raise InvalidParameterError(f"{excerpt(url)}: port {port} is not in [1, 65535]")
+    return url if parsed.path.strip("/") else url.rstrip("/") + "/metrics"
 
 
 def scrape(url: str, engine: str | None, api_key: str | None, timeout: float) -> EngineReading:
@@ -77,7 +95,7 @@ def scrape(url: str, engine: str | None, api_key: str | None, timeout: float) ->
     except httpx.ConnectError:
         raise EndpointError(f"cannot connect to {url}") from None
     except httpx.HTTPError as exc:
-        raise EndpointError(f"{url}: {type(exc).__name__} {exc}".strip()) from None
+        raise EndpointError(f"{url}: {type(exc).__name__} {excerpt(str(exc))}".strip()) from None
     if response.status_code == 401:
         raise EndpointError(f"{url} needs an API key (--api-key)")
     if response.status_code != 200:
@@ -98,20 +116,32 @@ def run(args: argparse.Namespace) -> int:
     if args.draft_cost < 0 or args.verify_slope < 0:
         raise InvalidParameterError("--draft-cost and --verify-slope must be >= 0")
     url = metrics_url(args.url)
+    _check_api_key(args.api_key)
     watcher = Watcher(CostAssumptions(args.draft_cost, args.verify_slope), args.k, args.max_k)
     if args.once:
         report = watcher.observe(scrape(url, args.engine, args.api_key, args.timeout))
         print(json.dumps(report.as_json(), indent=2) if args.json else _text(report))
         return 0
+    failures: list[EndpointError] = []
     if args.json:
         for _ in _polls(args):
             try:
                 report = watcher.observe(scrape(url, args.engine, args.api_key, args.timeout))
                 print(json.dumps(report.as_json()), flush=True)
             except EndpointError as exc:
+                failures.append(exc)
                 print(json.dumps({"error": str(exc)}), flush=True)
-        return 0
-    return _live(watcher, url, args)
+    else:
+        _live(watcher, url, args, failures)
+    if args.polls and len(failures) == args.polls:
+        raise EndpointError(f"all {args.polls} polls failed; the last: {failures[-1]}")
+    return 0
+
+
+def _check_api_key(key: str | None) -> None:
+    """A key that cannot go into an HTTP header fails here, not in every poll."""
+    if key is not None and (not key.isascii() or not key.isprintable() or not key.strip()):
+        raise InvalidParameterError("--api-key must be printable ASCII text")
 
 
 def _polls(args: argparse.Namespace) -> Iterator[int]:
@@ -124,7 +154,11 @@ def _polls(args: argparse.Namespace) -> Iterator[int]:
         n += 1
 
 
-def _live(watcher: Watcher, url: str, args: argparse.Namespace) -> int:
+def _live(
+    watcher: Watcher, url: str, args: argparse.Namespace, failures: list[EndpointError]
+) -> None:
+    """The live table, one poll at a time; failed polls are lines above it (and added to
+    ``failures``)."""
     from rich.console import Console
     from rich.live import Live
 
@@ -135,8 +169,8 @@ def _live(watcher: Watcher, url: str, args: argparse.Namespace) -> int:
                 report = watcher.observe(scrape(url, args.engine, args.api_key, args.timeout))
                 live.update(_table(report, url), refresh=True)
             except EndpointError as exc:
+                failures.append(exc)
                 live.console.print(f"spectune: {exc}; still watching", markup=False, soft_wrap=True)
-    return 0
 
 
 def _rows(report: WatchReport) -> list[tuple[str, str, str]]:

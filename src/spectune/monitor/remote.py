@@ -41,12 +41,26 @@ __all__ = [
     "Exposition",
     "counts_of_timings",
     "detect_engine",
+    "excerpt",
     "read_exposition",
 ]
 
 
 class EndpointError(SpectuneError):
     """The endpoint cannot be read, or what it serves is not an engine's speculation metrics."""
+
+
+EXCERPT_CHARS = 60
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """``text`` as an error line may quote what a server sent: at most ``limit``
+    characters, anything but printable ASCII escaped (``\\x1b``, ``\\u2028``), so that no
+    byte of it reaches the terminal as a control sequence or a line break."""
+    cut = text[:limit]
+    shown = cut.encode("ascii", "backslashreplace").decode("ascii")
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in shown)
+    return shown + ("..." if len(text) > limit else "")
 
 
 @dataclass(frozen=True)
@@ -83,7 +97,7 @@ class Exposition:
                         (dict(sample.labels), float(sample.value))
                     )
         except (ValueError, TypeError, IndexError) as exc:
-            raise EndpointError(f"not Prometheus text ({exc})") from None
+            raise EndpointError(f"not Prometheus text ({excerpt(str(exc))})") from None
         return exposition
 
     def names(self) -> set[str]:
@@ -270,5 +284,7 @@ def counts_of_timings(timings: Mapping[str, object]) -> SpecCounts:
     ``draft_n_accepted`` kept. It says nothing of steps, so no accepted length."""
     drafted, accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
     if not isinstance(drafted, int) or not isinstance(accepted, int) or accepted > drafted:
-        raise EndpointError(f"timings without usable draft_n / draft_n_accepted: {timings}")
+        raise EndpointError(
+            f"timings without usable draft_n / draft_n_accepted: {excerpt(str(timings))}"
+        )
     return SpecCounts(num_draft_tokens=drafted, positions=drafted, accepted=accepted)
