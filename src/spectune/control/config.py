@@ -66,7 +66,7 @@ def load_policy_file(path: str | Path) -> PolicySpec:
             data = tomllib.load(handle)
     except OSError as exc:
         raise InvalidParameterError(f"cannot read policy file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InvalidParameterError(f"policy file {path} is not valid TOML: {exc}") from exc
     name = data.pop("name", DEFAULT_POLICY)
     if not isinstance(name, str):

@@ -22,8 +22,8 @@ def read_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
     """JSON-lines files: (line number, value) for every non-empty line; a line that is not
     JSON raises ``InvalidParameterError`` (``file:line: not JSON (...)``)."""
     try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:  # a binary file: not JSON lines
         raise ModelLoadError(f"cannot read {path}: {exc}") from exc
     for number, line in enumerate(lines, 1):
         if not line.strip():

@@ -186,6 +186,8 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
             lines = handle.readlines()
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:  # a binary file given as a trace
+        raise TraceError(f"{path} is not a spectune trace (not UTF-8 text: {exc.reason})") from exc
     requests: dict[str, TraceRequest] = {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
