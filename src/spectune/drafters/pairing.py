@@ -19,6 +19,7 @@ Policies:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,7 @@ __all__ = [
     "native_precision",
     "load_suffix_drafter",
     "shipped_suffix_serves",
+    "suffix_drafter_for",
     "load_target",
     "compile_target",
     "load_target_at",
@@ -375,9 +377,22 @@ def is_suffix_spec(spec: str) -> bool:
 
 
 def load_suffix_drafter(index: str, target: Loaded) -> SuffixDrafter:
+    """A suffix drafter over ``index`` for ``target`` (``suffix_drafter_for``)."""
+    return suffix_drafter_for(
+        index,
+        target.model.info.vocab_size,
+        target.tokenizer.token_strings(),
+        target.model.info.name,
+    )
+
+
+def suffix_drafter_for(
+    index: str, vocab_size: int, token_strings: Sequence[str], target: str
+) -> SuffixDrafter:
     """A suffix drafter over ``index``: empty -> the shipped index of the default target,
     a shipped index name, a path to an index file, or ``none`` (this request's context
-    only). The index must have been built with the target's vocabulary."""
+    only). The index must have been built with the target's vocabulary (``vocab_size``,
+    ``token_strings``: its string per token id); ``target`` names it in the error."""
     if index == "none":
         return SuffixDrafter(None, name="suffix:none")
     name = index or DEFAULT_SUFFIX_INDEX
@@ -388,11 +403,7 @@ def load_suffix_drafter(index: str, target: Loaded) -> SuffixDrafter:
             "with 'spectune suffix-index'"
         )
     loaded = SuffixIndex.load(path)
-    loaded.check_vocabulary(
-        target.model.info.vocab_size,
-        tokenizer_fingerprint(target.tokenizer.token_strings()),
-        target.model.info.name,
-    )
+    loaded.check_vocabulary(vocab_size, tokenizer_fingerprint(token_strings), target)
     return SuffixDrafter(loaded, name="suffix" if not index else f"suffix:{path.stem}")
 
 
