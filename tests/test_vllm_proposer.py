@@ -529,3 +529,132 @@ def test_a_cost_profile_prices_k(tmp_path: Path) -> None:
     engine.submit("a", 1, prompt_len=4, max_tokens=60)
     engine.run(20)
     assert engine.per_request["a"].accepted > 0
+
+
+# --- live: a real vLLM (make vllm) serving with the proposer -------------------------
+
+
+def _vllm_missing() -> str | None:
+    from spectune.engines.vllm import VllmMissingError, find_vllm_python
+
+    try:
+        find_vllm_python()
+    except VllmMissingError as exc:
+        return str(exc)
+    return None
+
+
+live = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_vllm_missing() is not None, reason=str(_vllm_missing())),
+]
+
+# (prompt, max_tokens): sent together, they finish out of order; the last two arrive
+# while the first are running and take the rows the short ones free.
+LIVE_REQUESTS = (
+    ("Count from 1 to 30, separated by commas.", 56),
+    ("Name the days of the week, one per line.", 12),
+    ("Write a Python function that returns the square of a number.", 40),
+    ("Repeat after me: the quick brown fox jumps over the lazy dog.", 8),
+    ("List the first ten letters of the alphabet, separated by spaces.", 24),
+    ("What is the capital of France? Answer in one sentence.", 16),
+)
+LIVE_K = 4
+
+
+def live_chat(url: str, model: Path, prompt: str, max_tokens: int) -> dict[str, Any]:
+    import httpx
+
+    body = {
+        "model": str(model),
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    response = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+    response.raise_for_status()
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_vllm_missing() is not None, reason=str(_vllm_missing()))
+def test_vllm_serves_with_the_proposer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import threading
+    import time
+
+    import httpx
+
+    from spectune.cli import main
+    from spectune.engines.hf_folder import convert_target
+    from spectune.engines.process import free_port
+    from spectune.engines.vllm import VllmSettings, vllm_server
+    from spectune.engines.vllm.options import PROPOSER_CLASS
+    from spectune.monitor.remote import read_exposition
+
+    target = tmp_path / "target"
+    convert_target("default", target)
+    with vllm_server(VllmSettings(target), log=tmp_path / "plain.log") as url:
+        plain = [live_chat(url, target, p, n)["choices"][0] for p, n in LIVE_REQUESTS]
+
+    trace, port = tmp_path / "trace.jsonl", free_port()
+    spec = {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": LIVE_K}
+    options = {"spectune": {"trace": str(trace), "metrics_port": port}}
+    settings = VllmSettings(
+        target,
+        spec,
+        extra_args=(
+            "--additional-config",
+            json.dumps(options),
+            "--per-request-spec-decode-metrics",
+            "summary",
+        ),
+    )
+    answers: list[dict[str, Any] | None] = [None] * len(LIVE_REQUESTS)
+
+    def send(i: int) -> None:
+        prompt, max_tokens = LIVE_REQUESTS[i]
+        answers[i] = live_chat(url, target, prompt, max_tokens)
+
+    with vllm_server(settings, log=tmp_path / "proposer.log") as url:
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(LIVE_REQUESTS))]
+        for i, thread in enumerate(threads):
+            thread.start()
+            if i == 3:
+                time.sleep(1.0)  # the rest arrive while the first four are decoding
+        for thread in threads:
+            thread.join()
+        counters = read_exposition(httpx.get(url + "/metrics", timeout=30).text).counts
+        assert main(["watch", f"http://127.0.0.1:{port}", "--once", "--json"]) == 0
+        watched = json.loads(capsys.readouterr().out)
+
+    done = [a for a in answers if a is not None]
+    assert len(done) == len(LIVE_REQUESTS)
+    # Greedy: the proposer changes the speed, never the text.
+    assert [a["choices"][0]["message"]["content"] for a in done] == [
+        c["message"]["content"] for c in plain
+    ]
+    assert [a["choices"][0]["finish_reason"] for a in done] == [c["finish_reason"] for c in plain]
+
+    # Per request, the proposer's trace equals vLLM's own per-request counts; in all, its
+    # counters equal vLLM's.
+    mine = sorted(
+        (
+            sum(1 for s in r.steps if s.record.num_draft_tokens),
+            sum(s.record.num_draft_tokens for s in r.steps),
+            sum(s.record.accepted for s in r.steps),
+        )
+        for r in read_trace(trace)
+    )
+    metrics = [a["metrics"]["speculative_decoding"] for a in done]
+    theirs = sorted(
+        (m["num_spec_steps"], m["num_draft_tokens"], m["num_accepted_draft_tokens"])
+        for m in metrics
+    )
+    assert mine == theirs
+    assert counters is not None
+    totals = tuple(map(sum, zip(*mine, strict=True)))
+    assert (counters.steps, counters.num_draft_tokens, counters.accepted) == totals
+    assert totals[2] > 0  # counting to 30 repeats itself: drafts get accepted
+    assert watched["engine"] == "spectune"
+    assert (watched["draft_tokens"], watched["accepted"]) == totals[1:]
