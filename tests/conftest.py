@@ -14,7 +14,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 os.environ.setdefault("SPECTUNE_BUSY_CORES", "inf")
 
-import spectune  # noqa: F401, E402, I001  (sets MKL_CBWR and GOMP_SPINCOUNT before torch loads)
+import spectune  # noqa: F401, E402, I001  (sets MKL_CBWR before torch loads)
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from spectune.models.llama import LlamaLM  # noqa: E402

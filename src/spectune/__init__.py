@@ -3,14 +3,10 @@
 Importing spectune before torch sets ``MKL_CBWR=AVX2`` on AMD CPUs (unless already set):
 there MKL otherwise takes a slow path for the 2-8 row fp32 matmuls that verification
 runs. Not on Intel CPUs, where the AVX2 path is the slow one (2 rows: 81 us against 25 us
-for the default target's MLP shape on a Xeon with AVX-512). It also shortens OpenMP's
-spin-wait (``spectune.openmp``), so that decoding holds its speed when other work shares
-the cores.
+for the default target's MLP shape on a Xeon with AVX-512).
 """
 
 import os
-
-from spectune import openmp
 
 
 def _amd_cpu() -> bool:
@@ -23,7 +19,6 @@ def _amd_cpu() -> bool:
 
 if _amd_cpu():
     os.environ.setdefault("MKL_CBWR", "AVX2")
-openmp.configure()
 
 from spectune.control import FixedK, KPolicy, StepPlan, make_policy  # noqa: E402
 from spectune.decode.batch import BatchEngine, SequenceUpdate  # noqa: E402

@@ -24,6 +24,7 @@ from spectune.errors import InvalidParameterError
 from spectune.models.devices import DEVICES, resolve_device
 from spectune.models.llamacpp import LLAMACPP
 from spectune.models.loading import DEFAULT_TARGET, RUNTIMES, stored_in_4_bits
+from spectune.models.machine import usable_cores
 from spectune.models.quant import PRECISIONS, Precision
 from spectune.models.threads import adapt_threads, fix_threads
 from spectune.sampling import SamplingParams
@@ -125,13 +126,14 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def set_threads(threads: int | None) -> None:
+def set_threads(threads: int | None, *, reserve: int = 0) -> None:
     """``--threads`` as a fixed CPU thread count; without it, ``OMP_NUM_THREADS`` where the
     user set it (torch already follows it), else the count follows the idle cores
-    (``spectune.models.threads``)."""
+    (``spectune.models.threads``), keeping ``reserve`` of them for the process's other
+    threads (the server's request handling), at least one for compute."""
     if threads is None:
         if not os.environ.get("OMP_NUM_THREADS"):
-            adapt_threads()
+            adapt_threads(max(1, usable_cores() - reserve))
         return
     if threads < 1:
         raise InvalidParameterError(f"--threads must be >= 1, got {threads}")

@@ -34,6 +34,7 @@ from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
 from spectune.models.llamacpp import LLAMACPP
 from spectune.models.loading import DEFAULT_TARGET
+from spectune.models.machine import LoadMeter
 from spectune.models.tokenizer import Tokenizer, check_text
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.trace import TraceWriter
@@ -224,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         "prompt_tokens": len(prompt),
         "prompt": list(prompt),
     }
+    meter = LoadMeter()  # a speedup timed beside other work says so
     try:
         watch = Monitor(trace=trace, on_warning=print_warning).request(policy=policy, info=info)
         gen, text = decode(engine, target.tokenizer, prompt, params, policy, not args.json, watch)
@@ -254,6 +256,10 @@ def run(args: argparse.Namespace) -> int:
         )
         if params.greedy:
             report["identical_to_plain"] = plain.tokens == gen.tokens
+    load = meter.stop()
+    report["machine_load"] = load.as_json()
+    if load.busy:
+        report["machine_note"] = load.line("this run")
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -296,3 +302,5 @@ def print_summary(report: dict[str, Any]) -> None:
         if "identical_to_plain" in report:
             line += f"; greedy output identical to plain: {report['identical_to_plain']}"
         console.print(line)
+    if "machine_note" in report:
+        console.print(f"note: {report['machine_note']}")

@@ -187,7 +187,10 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("--served-model-name must not be empty")
     spec = policy_spec_from_args(args)
     build_policy(spec)  # checks the options before loading models
-    set_threads(args.threads)
+    # One core stays with the request threads (the event loop, tokenising and streaming):
+    # on two cores, 4 streaming clients got 1.5x the tokens/s from one compute thread as
+    # from two (docs/threads.md).
+    set_threads(args.threads, reserve=1)
     try:
         limits = Limits(
             max_body_bytes=args.max_body_bytes,

@@ -36,6 +36,7 @@ from spectune.control.crossover import runtime_of
 from spectune.control.tune import TuneResult, params_spec, policy_toml
 from spectune.control.workload import RecordedRequest, StepCosts, Workload
 from spectune.errors import InvalidParameterError
+from spectune.models.machine import LoadMeter
 
 __all__ = ["register"]
 
@@ -173,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()  # progress and notes on stdout: stderr keeps one line per error
     report = report_path(args)
     started = time.perf_counter()
+    meter = LoadMeter()
     if args.trace:
         requests, notes = requests_from_traces(args.trace)
         workload = fit_workload(requests, seed=args.seed)
@@ -203,7 +205,11 @@ def run(args: argparse.Namespace) -> int:
     _write(args.out, policy_toml(spec, header))
     tuned = load_policy_file(args.out)  # what the other commands will read
     confirm = recording.confirm(tuned, result) if recording and args.confirm_prompts else None
+    load = meter.stop()  # what tune timed on this machine: the recording and the confirmation
+    if recording is not None and load.busy:
+        notes.append(load.line("tune's measurements"))
     data = report_data(args, context, workload, costs, result, confirm, notes)
+    data["machine_load"] = load.as_json() if recording is not None else None
     data["seconds"] = round(time.perf_counter() - started, 1)
     _write(report, report_markdown(data))
     _write(report.with_suffix(".json"), json.dumps(data, indent=2) + "\n")

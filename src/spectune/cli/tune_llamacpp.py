@@ -14,6 +14,7 @@ from typing import Any
 from spectune.cli.common import parse_numbers
 from spectune.cli.paths import executable, output_file
 from spectune.errors import InvalidParameterError
+from spectune.models.machine import LoadMeter
 
 __all__ = ["add_args", "default_server_binary", "run_llamacpp"]
 
@@ -167,6 +168,7 @@ def run_llamacpp(args: argparse.Namespace) -> int:
         f"{args.max_tokens} tokens each"
     )
     requests = len(candidates) * len(screen) + (args.finalists + 2) * len(confirm) * args.rounds
+    meter = LoadMeter()
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("starting servers", total=requests)
         result = tune_llamacpp(
@@ -182,7 +184,9 @@ def run_llamacpp(args: argparse.Namespace) -> int:
             on_start=lambda c: bar.update(task, description=f"starting: {c.name}"),
             progress=lambda: bar.update(task, advance=1, description="replaying prompts"),
         )
+    load = meter.stop()
     data = result.to_json()
+    data["machine_load"] = load.as_json()
     winner = result.winner
     data["command"] = shlex.join(["llama-server", "--model", str(target), *winner["args"]])
     data["written_by"] = args.command_line
@@ -190,6 +194,8 @@ def run_llamacpp(args: argparse.Namespace) -> int:
     _table(console, "screening (dev prompts, one pass)", result.screen)
     _table(console, "confirmation (held-apart test prompts, interleaved)", result.confirm)
     console.print(result.verdict)
+    if load.busy:
+        console.print(f"note: {load.line('the tuning')}")
     console.print(f"flags: {data['command']}")
     console.print(f"wrote {out}")
     return 0

@@ -1,19 +1,17 @@
-"""How many CPU threads the model runtimes use, and how their idle threads wait.
+"""How many CPU threads the model runtimes use: the cores other processes leave idle.
 
-On a small machine that other work shares, two facts decide the speed of decoding
-(measured in docs/threads.md, by ``scripts/busy-machine.py``):
-
-1. **Idle OpenMP threads spin.** libgomp (PyTorch's OpenMP) keeps a thread that waits at
-   a barrier spinning for 300,000 rounds before it sleeps. When one of two cores is
-   taken by another process, every parallel region waits for the thread that has no core
-   while its partner burns the other one: decoding with two threads ran 3-6x slower
-   than with one. ``spectune.openmp`` shortens the spin before torch loads.
-2. **A busy core is better left alone.** Even without spinning, a thread that shares its
-   core with another process makes each region wait for the slower half. So, unless
-   ``--threads`` fixes the count, the ``ThreadGovernor`` gives torch (and llama.cpp,
-   which follows torch's count) the cores other processes leave idle: at most once per
-   ``interval`` it reads how busy the CPUs were (``/proc/stat``) less this process's
-   own CPU time, and calls ``torch.set_num_threads`` between decoding steps.
+On a small machine that other work shares, two threads where one of the cores is taken
+decode 3-6x slower than one thread (docs/threads.md, measured by
+``scripts/busy-machine.py``). OpenMP's waiting threads spin (libgomp: 300,000 rounds before
+they sleep), so each parallel region waits for the thread that has no core while its
+partner burns the other one. A shorter spin did not help under a steady load (int4 with
+10,000 rounds: 24 tokens/s against 33 at 300,000 and 93 on one thread) and cost llama.cpp's
+kernels 12% on a quiet machine; a passive wait cost int4 46% quiet. What holds the speed
+is the thread count: unless ``--threads`` (or ``OMP_NUM_THREADS``) fixes it, the
+``ThreadGovernor`` gives torch (and llama.cpp, which follows torch's count) the cores that
+other processes leave idle. At most once per ``interval`` it reads how busy the CPUs were
+(``/proc/stat``) less this process's own CPU time, and calls ``torch.set_num_threads``
+between decoding steps.
 
 ``torch.set_num_threads`` is per calling thread under OpenMP, so the governor acts from
 ``pace()``, which the decoding engines call on the thread that decodes, before each step.
