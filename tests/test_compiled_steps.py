@@ -64,10 +64,12 @@ def test_compiled_speculation_keeps_compiled_plain_greedy_output(toy_target: Lla
 
     eager = _int4(toy_target)
     target = _int4(toy_target)
-    target.compile_steps()
+    heard: list[int] = []
+    target.compile_steps(on_compile=heard.append)  # the CLI's progress line per size
     torch._dynamo.reset()
     counters.clear()
     target.compile_chunks(3)  # chunks 1, 2 and 3: all that K <= 2 verifies
+    assert heard == [1, 2, 3]
     graphs = counters["stats"]["unique_graphs"]
     params = SamplingParams(max_tokens=24)
     draft = ModelDrafter(perturbed(toy_target, 0.3))

@@ -199,7 +199,7 @@ def load_models(args: argparse.Namespace, notes: list[str]) -> tuple[Loaded, Dra
         device=device,
     )
     if getattr(args, "compile", False):  # before the drafter: pairing reads tree_masks
-        compile_target(target.model)
+        compile_target(target.model, on_compile=_compiling)
     spec = args.draft or default_drafter(target)
     if spec != "none":  # the cost policy and a hybrid price verification with it
         curve_for_this_machine(target.model, report=notes.append)
@@ -214,6 +214,16 @@ def load_models(args: argparse.Namespace, notes: list[str]) -> tuple[Loaded, Dra
         device=device,
     )
     return target, drafter
+
+
+def _compiling(tokens: int) -> None:
+    """A progress line: a compile takes seconds to minutes, with nothing else to show."""
+    print(
+        f"spectune: compiling the target's forward over {tokens} token(s), once for this "
+        "size (about 20 s for one token, minutes for 9 on a small CPU)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def startup_line(drafter: Drafter | None, spec: PolicySpec) -> str:

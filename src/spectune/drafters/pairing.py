@@ -19,7 +19,7 @@ Policies:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,14 +139,15 @@ def native_precision(name: str) -> Precision:
     return PRECISIONS[base]
 
 
-def compile_target(model: LanguageModel) -> None:
-    """``LlamaLM.compile_steps`` on ``model``, or a clear error on another runtime."""
+def compile_target(model: LanguageModel, on_compile: Callable[[int], None] | None = None) -> None:
+    """``LlamaLM.compile_steps`` on ``model``, or a clear error on another runtime;
+    ``on_compile`` hears each chunk size before its graph compiles."""
     if not isinstance(model, LlamaLM):
         raise InvalidParameterError(
             f"compiled steps (--compile, +compile) need the native runtime, not "
             f"{type(model).__name__}"
         )
-    model.compile_steps()
+    model.compile_steps(on_compile)
 
 
 def load_drafter_at(spec: str | None, target: Loaded, precision: str) -> Drafter | None:

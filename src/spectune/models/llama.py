@@ -24,6 +24,7 @@ fp32 and bf16 matmuls themselves vary with the row count, so there it buys nothi
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -392,6 +393,10 @@ class LlamaLM:
         self.feature_layers: tuple[int, ...] = ()  # () = the last hidden state only
         self._batch_invariant: bool | None = None  # decided at the first forward
         self._compiled_step: Any = None  # ``compile_steps``
+        self._compiled_sizes: set[int] = set()  # chunk sizes whose graph is compiled
+        # Hears a chunk size just before its first compiled forward (a compile takes
+        # seconds to minutes): set by ``compile_steps`` for a caller that shows progress.
+        self.on_compile: Callable[[int], None] | None = None
 
     @property
     def batch_invariant(self) -> bool:
@@ -412,7 +417,7 @@ class LlamaLM:
         """Whether the forwards after the prompt run a compiled network (``compile_steps``)."""
         return self._compiled_step is not None
 
-    def compile_steps(self) -> None:
+    def compile_steps(self, on_compile: Callable[[int], None] | None = None) -> None:
         """Run every forward after the prompt through the network compiled by
         ``torch.compile``: one sequence's steps and chains (plain decoding's step, a chain
         draft's verification) of up to ``ROW_EXACT_MAX_ROWS`` tokens, attending row by row
@@ -423,7 +428,10 @@ class LlamaLM:
         cache, stays eager, the same in plain and speculative decoding. A compiled model
         takes no token trees (``tree_masks`` is False, so pairing keeps drafts chains) and
         no batch of sequences: those forwards raise ``InvalidParameterError``, since an
-        eager forward among compiled ones could round apart from plain decoding's."""
+        eager forward among compiled ones could round apart from plain decoding's.
+        ``on_compile`` hears each chunk size before its graph compiles."""
+        if on_compile is not None:
+            self.on_compile = on_compile
         if self._compiled_step is None:
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, ROW_EXACT_MAX_ROWS + 1)
@@ -575,6 +583,10 @@ class LlamaLM:
             positions = slots
         else:
             positions = positions.to(device).clone(memory_format=torch.contiguous_format)
+        if chunk not in self._compiled_sizes:
+            self._compiled_sizes.add(chunk)
+            if self.on_compile is not None:
+                self.on_compile(chunk)
         logits, hidden = self._compiled_step(tokens, positions, cache, slots, used)
         cache.advance(chunk)
         return ModelOutput(logits=logits.to("cpu"), hidden=hidden.to("cpu"))
