@@ -6,16 +6,23 @@ own runtime reads it, fp32, and written with its tokenizer and chat template
 its logits must equal spectune's own on a few prompts (the same top token everywhere,
 differences within the stated tolerance). Converting the same source into the same folder
 again is instant.
+
+With ``--draft``, it writes a feature head (``spectune distill --kind feature --layout
+eagle3``) as vLLM's EAGLE-3 draft folder for the target folder given as ``--target``
+(``spectune.engines.vllm.eagle3``): serve it with ``--speculative-config
+'{"method": "eagle3", "model": OUT, "num_speculative_tokens": K}'``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 from spectune.engines.hf_folder import check_logits, check_source, convert_target, record_check
-from spectune.errors import ModelLoadError
+from spectune.engines.vllm.eagle3 import export_eagle3
+from spectune.errors import InvalidParameterError, ModelLoadError
 
 __all__ = ["register"]
 
@@ -28,9 +35,20 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--target", default="default", help="'default', a .gguf file or a model folder"
+        "--target",
+        default=None,
+        help="'default', a .gguf file or a model folder (default: 'default'); with --draft, "
+        "the target's Hugging Face folder that vLLM serves",
     )
     parser.add_argument("--out", type=Path, required=True, help="the folder to write")
+    parser.add_argument(
+        "--draft",
+        help="write this feature-head draft (a folder or shipped name) as vLLM's EAGLE-3 "
+        "folder instead of converting a target",
+    )
+    parser.add_argument(
+        "--k", type=int, default=3, help="with --draft: the folder's default draft tokens"
+    )
     parser.add_argument(
         "--no-check",
         dest="check",
@@ -41,6 +59,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.draft is not None:
+        return _run_draft(args)
+    args.target = args.target or "default"
     check_source(args.target, args.out)  # bad input: one line, before any loading
     conversion = convert_target(args.target, args.out)
     verb = "up to date" if conversion.reused else "wrote"
@@ -56,4 +77,19 @@ def run(args: argparse.Namespace) -> int:
         raise ModelLoadError(f"the converted folder does not match: {check.summary()}")
     record_check(conversion.folder, check)
     print(f"checked: {check.summary()}")
+    return 0
+
+
+def _run_draft(args: argparse.Namespace) -> int:
+    if args.target is None:
+        raise InvalidParameterError(
+            "--draft needs --target: the Hugging Face folder vLLM serves ('spectune convert' "
+            "writes one)"
+        )
+    done = export_eagle3(args.draft, Path(args.target), args.out, k=args.k)
+    print(
+        f"wrote: {done.folder} (vLLM EAGLE-3, draft vocabulary {done.draft_vocab_size}, "
+        f"target layers {list(done.aux_layer_ids)} in vLLM's numbering)"
+    )
+    print("--speculative-config '" + json.dumps(done.speculative_config(args.k)) + "'")
     return 0

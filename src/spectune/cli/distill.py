@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.cli.common import add_device_arg, add_threads_arg, set_threads
+from spectune.cli.paths import output_folder
 from spectune.distill.data import (
     PRECISIONS,
     DistillCorpus,
@@ -18,11 +19,14 @@ from spectune.distill.data import (
 )
 from spectune.distill.models import DraftArchitecture
 from spectune.distill.pipeline import CorpusPlan, build_corpora, distill
+from spectune.distill.sources import read_prompt_files, read_reference_chats
 from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState
 from spectune.drafters.loading import read_draft_meta
 from spectune.drafters.pairing import load_target
+from spectune.engines.vllm.eagle3 import vllm_default_layers
 from spectune.errors import InvalidParameterError
 from spectune.models.devices import resolve_device
+from spectune.models.feature_head import LAYOUTS
 from spectune.models.llama import LlamaLM
 
 __all__ = ["register"]
@@ -60,6 +64,13 @@ def register(subparsers: Any) -> None:
         default=(),
         help="target layers a feature head fuses (EAGLE-3), e.g. 2,15,29 or 'auto' "
         "(low, middle, last); default: the last hidden state only",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="spectune",
+        help="a feature head's layer: spectune (fc, then a Llama layer) or eagle3 (vLLM's "
+        "EAGLE-3 layer, which 'spectune convert --draft' writes for vLLM)",
     )
     parser.add_argument(
         "--unroll",
@@ -157,14 +168,24 @@ def _layers(text: str) -> tuple[int, ...] | str:
         raise argparse.ArgumentTypeError(message) from None
 
 
-def _feature_layers(value: tuple[int, ...] | str, num_layers: int) -> tuple[int, ...]:
-    """'auto': a low, a middle and the last layer (EAGLE-3's choice of three)."""
+def _feature_layers(
+    value: tuple[int, ...] | str, num_layers: int, layout: str = "spectune"
+) -> tuple[int, ...]:
+    """'auto': a low, a middle and the last layer (EAGLE-3's choice of three); for the
+    eagle3 layout, vLLM's own choice for a Llama (``vllm_default_layers``)."""
     if value == "auto":
+        if layout == "eagle3":
+            return vllm_default_layers(num_layers)
         return (2, num_layers // 2, num_layers - 1)
     assert isinstance(value, tuple)
     if list(value) != sorted(set(value)) or not all(0 <= i < num_layers for i in value):
         raise InvalidParameterError(
             f"--feature-layers must be ascending layer numbers in [0, {num_layers}), got {value}"
+        )
+    if layout == "eagle3" and value[-1] == num_layers - 1:
+        raise InvalidParameterError(
+            f"--layout eagle3 cannot read the last layer ({num_layers - 1}): spectune takes "
+            "it after the final norm and vLLM before it"
         )
     return value
 
@@ -208,6 +229,12 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("give either --corpus files or an --answers corpus folder")
     if args.feature_layers and args.kind != "feature":
         raise InvalidParameterError("--feature-layers is for --kind feature")
+    if args.layout == "eagle3" and args.kind != "feature":
+        raise InvalidParameterError("--layout is for --kind feature")
+    if args.layout == "eagle3" and args.init_from is not None:
+        raise InvalidParameterError("--init-from continues a head in its own layout; drop --layout")
+    if args.layout == "eagle3" and not args.feature_layers:
+        raise InvalidParameterError("--layout eagle3 reads several layers: give --feature-layers")
     layers_arg = args.feature_layers
     if args.init_from is not None:
         if args.kind != "feature":
@@ -220,8 +247,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("--heldout must be >= 1")
     if args.vocab_size is not None and args.vocab_size < 1:
         raise InvalidParameterError("--vocab-size must be >= 1")
-    if args.out.exists() and not args.out.is_dir():
-        raise InvalidParameterError(f"--out {args.out} is a file; the draft needs a folder")
+    inputs = [("--answers", args.answers), *(("--corpus", path) for path in args.corpus)]
+    output_folder(args.out, "--out", inputs)
+    output_folder(args.cache_dir, "--cache-dir", inputs)
     # Every setting is checked (by its dataclass) before the target loads.
     plan = CorpusPlan(
         paths=tuple(args.corpus),
@@ -240,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         num_kv_heads=args.kv_heads,
         intermediate_size=args.ffn,
         unroll=args.unroll,
+        layout=args.layout,
     )
     settings = TrainSettings(
         learning_rate=args.lr,
@@ -255,10 +284,15 @@ def run(args: argparse.Namespace) -> int:
     )
     # The target scores (or generates) the corpus on --device and the draft trains there.
     device = resolve_device(args.device)
+    if args.answers is None:  # the corpus files are read (and checked) before the target
+        if plan.generate > 0:
+            read_prompt_files(plan.paths, task_mix=plan.task_mix, seed=plan.seed)
+        if plan.reference > 0:
+            read_reference_chats(plan.paths, seed=plan.seed)
     target = load_target(args.target, device=device)
     if not isinstance(target.model, LlamaLM):
         raise InvalidParameterError("distillation needs a target on the native runtime")
-    feature_layers = _feature_layers(layers_arg, target.model.net.cfg.num_layers)
+    feature_layers = _feature_layers(layers_arg, target.model.net.cfg.num_layers, args.layout)
     arch = dataclasses.replace(arch, feature_layers=feature_layers)
     with _progress() as progress:
         tasks: dict[str, Any] = {}

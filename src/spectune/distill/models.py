@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from spectune.errors import InvalidParameterError
-from spectune.models.feature_head import FeatureHead, FeatureHeadConfig
+from spectune.models.feature_head import LAYOUTS, FeatureHead, FeatureHeadConfig
 from spectune.models.llama import LlamaConfig, LlamaLM, LlamaTransformer, rotary_tables
 
 __all__ = [
@@ -44,6 +44,7 @@ class DraftArchitecture:
 
     ``feature_layers``: target layers a feature head fuses (EAGLE-3; () = last state only).
     ``unroll``: draft positions trained per position (training-time test; 1 = EAGLE-1).
+    ``layout``: a feature head's layer (``FeatureHeadConfig.layout``; "eagle3" is vLLM's).
     """
 
     kind: str  # "lm" | "gpt2" | "feature"
@@ -54,8 +55,13 @@ class DraftArchitecture:
     intermediate_size: int = 768
     feature_layers: tuple[int, ...] = ()
     unroll: int = 1
+    layout: str = "spectune"
 
     def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise InvalidParameterError(
+                f"unknown head layout {self.layout!r} (one of {', '.join(LAYOUTS)})"
+            )
         sizes = {
             "layers": self.num_layers,
             "hidden": self.hidden_size,
@@ -300,16 +306,19 @@ class FeatureDraftModel:
             rms_norm_eps=tcfg.rms_norm_eps,
             max_context=tcfg.max_context,
             feature_layers=arch.feature_layers,
+            layout=arch.layout,
         )
         head = feature_head_for(cfg, target, vocab_subset)
         with torch.no_grad():
             for name, param in head.named_parameters():
                 if "norm" not in name:
                     param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
-            # Start near "the next state is the previous one": the fc passes h through,
-            # and a fusion starts by passing the last fused layer through.
+            # Start near "the next state is the previous one": the fc passes h through
+            # (the EAGLE-3 layout's residual stream starts from h already), and a fusion
+            # starts by passing the last fused layer through.
             hidden = tcfg.hidden_size
-            head.fc.weight[:, hidden:] += torch.eye(hidden)
+            if head.fc is not None:
+                head.fc.weight[:, hidden:] += torch.eye(hidden)
             if head.fuse is not None:
                 head.fuse.weight[:, -hidden:] += torch.eye(hidden)
             head.norm.weight.copy_(target.norm.weight)

@@ -23,6 +23,13 @@ head's width (each layer's state scaled to unit RMS first), so low and middle la
 which still carry what the next tokens will be, reach the head. Everything after the
 fusion is as above.
 
+EAGLE-3 layout (``layout="eagle3"``, the layer vLLM and ``speculators`` run): the decoder
+layer reads the embedding and the state side by side instead of their projection. Its
+attention sees ``concat(input_layernorm(embed(token[t])), hidden_norm(h[t - 1]))`` (twice
+the width) and its residual stream starts from ``hidden_norm(h[t - 1])``; there is no
+``fc``. A multi-layer head needs it to be served by vLLM (``spectune.engines.vllm.eagle3``
+writes it in vLLM's format); the default layout cannot be mapped onto it weight for weight.
+
 The target's embedding and output rows are not parameters of the head: they are attached
 from the target at load time and never saved with it.
 """
@@ -37,10 +44,20 @@ import torch
 from torch import Tensor, nn
 
 from spectune.models.kv_cache import StaticKVCache
-from spectune.models.llama import Block, LlamaConfig, RMSNorm, attention_mask, rotary_tables
+from spectune.models.llama import (
+    MLP,
+    Attention,
+    Block,
+    LlamaConfig,
+    RMSNorm,
+    attention_mask,
+    rotary_tables,
+)
 from spectune.models.quant import QuantMode, quantize_net
 
-__all__ = ["FeatureHead", "FeatureHeadConfig"]
+__all__ = ["LAYOUTS", "Eagle3Layer", "FeatureHead", "FeatureHeadConfig"]
+
+LAYOUTS = ("spectune", "eagle3")
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,13 @@ class FeatureHeadConfig:
     rms_norm_eps: float = 1e-5
     max_context: int = 2048
     feature_layers: tuple[int, ...] = ()  # target layers fused into h; () = last state only
+    layout: str = "spectune"  # "spectune": fc then a Llama layer; "eagle3": vLLM's layer
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown head layout {self.layout!r} (one of {', '.join(LAYOUTS)})")
+        if self.layout == "eagle3" and not self.feature_layers:
+            raise ValueError("an EAGLE-3-layout head reads several target layers: give them")
 
     def layer_config(self) -> LlamaConfig:
         return LlamaConfig(
@@ -88,8 +112,48 @@ class FeatureHeadConfig:
         return cls(**values)
 
 
+class Eagle3Layer(nn.Module):
+    """vLLM's EAGLE-3 decoder layer (``llama_eagle3.LlamaDecoderLayer``, layer 0, with
+    ``norm_before_residual``): attention over the normed embedding and the normed state
+    side by side ([..., 2 * hidden]), its residual stream starting from the normed state."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the embedding
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the state
+        self.self_attn = Attention(cfg)
+        q_out, kv_out = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        wide = 2 * cfg.hidden_size
+        self.self_attn.q_proj = nn.Linear(wide, q_out, bias=False)
+        self.self_attn.k_proj = nn.Linear(wide, kv_out, bias=False)
+        self.self_attn.v_proj = nn.Linear(wide, kv_out, bias=False)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self,
+        embedded: Tensor,  # [batch, chunk, hidden] the tokens' embeddings
+        states: Tensor,  # [batch, chunk, hidden] h (or f) at the position before each
+        cos: Tensor,
+        sin: Tensor,
+        cache: Any,  # a StaticKVCache, an unroll's key store, or None (causal, training)
+        slots: Tensor | None,
+        mask: Tensor | None,
+        used: int,
+    ) -> Tensor:
+        # Norm before the residual: the attention and the residual stream both read the
+        # normed state.
+        residual: Tensor = self.hidden_norm(states)
+        both = torch.cat((self.input_layernorm(embedded), residual), dim=-1)  # [..., 2 * hidden]
+        attended: Tensor = self.self_attn(both, cos, sin, cache, 0, slots, mask, used)
+        x = residual + attended
+        mlp_out: Tensor = self.mlp(self.post_attention_layernorm(x))
+        return x + mlp_out
+
+
 class FeatureHead(nn.Module):
-    """fc + one decoder layer + norm; reads frozen target embedding and output rows."""
+    """(fuse) + fc + one decoder layer + norm, or in the EAGLE-3 layout fuse + its layer +
+    norm; reads frozen target embedding and output rows."""
 
     def __init__(
         self,
@@ -99,11 +163,18 @@ class FeatureHead(nn.Module):
     ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.fuse = (
             nn.Linear(cfg.state_size, cfg.hidden_size, bias=False) if cfg.feature_layers else None
         )
-        self.layer = Block(cfg.layer_config())
+        # The default layout projects (embedding, state) to one vector for a Llama layer;
+        # the EAGLE-3 layout's layer reads them side by side (``Eagle3Layer``), with no fc.
+        self.fc: nn.Linear | None = None
+        self.layer: Block | Eagle3Layer
+        if cfg.layout == "eagle3":
+            self.layer = Eagle3Layer(cfg.layer_config())
+        else:
+            self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+            self.layer = Block(cfg.layer_config())
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # Frozen and not saved: they belong to the target.
         self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
@@ -193,28 +264,45 @@ class FeatureHead(nn.Module):
         chunk is appended after the cache's current length (decoding); a token tree passes
         its positions and ancestor mask (``spectune.draft.tree_layout``), as for a model.
         """
-        x = self._input(tokens, prev_features)
         batch, chunk = tokens.shape
         if cache is None:
             positions = torch.arange(chunk, device=tokens.device).expand(batch, chunk)
             cos, sin = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
-            x = self.layer(x, cos, sin, None, 0, None, None, 0)
+            x = self._layer(tokens, prev_features, cos, sin, None, None, None, 0)
         else:
             slots = cache.slots(chunk)
             mask, used = attention_mask(cache.lengths, chunk, slots, chunk_mask)
             rotary = slots if positions is None else positions
             cos, sin = rotary_tables(rotary, self.cfg.head_dim, self.cfg.rope_theta)
-            x = self.layer(x, cos, sin, cache, 0, slots, mask, used)
+            x = self._layer(tokens, prev_features, cos, sin, cache, slots, mask, used)
             cache.advance(chunk)
         features: Tensor = self.norm(x)
         return features
 
-    def _input(self, tokens: Tensor, prev_features: Tensor) -> Tensor:
-        """fc(concat(embed(token[t]), h[t - 1])): [batch, chunk] x [batch, chunk, hidden]."""
+    def _layer(
+        self,
+        tokens: Tensor,  # [batch, chunk]
+        prev_features: Tensor,  # [batch, chunk, hidden]
+        cos: Tensor,
+        sin: Tensor,
+        cache: Any,
+        slots: Tensor | None,
+        mask: Tensor | None,
+        used: int,
+    ) -> Tensor:
+        """The decoder layer over (embed(token[t]), h[t - 1]): [batch, chunk, hidden] before
+        the final norm. Default layout: the layer reads fc(concat(embedding, state))."""
         embedded = nn.functional.embedding(tokens, self._buffer("embed_weight"))
+        if isinstance(self.layer, Eagle3Layer):
+            states = prev_features.to(self.dtype)
+            eagle3: Tensor = self.layer(
+                embedded.to(self.dtype), states, cos, sin, cache, slots, mask, used
+            )
+            return eagle3
+        assert self.fc is not None
         x = torch.cat((embedded, prev_features.to(embedded.dtype)), -1)
-        projected: Tensor = self.fc(x.to(self.dtype))
-        return projected
+        out: Tensor = self.layer(self.fc(x.to(self.dtype)), cos, sin, cache, 0, slots, mask, used)
+        return out
 
     def forward_masked(
         self,
@@ -226,8 +314,7 @@ class FeatureHead(nn.Module):
     ) -> Tensor:
         """One training-time-test step over whole sequences: the chunk's keys join
         ``keys`` and the queries see what ``mask`` allows. Returns f: [batch, n, hidden]."""
-        x = self._input(tokens, prev_features)
         cos, sin = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
-        x = self.layer(x, cos, sin, keys, 0, positions, mask, 0)
+        x = self._layer(tokens, prev_features, cos, sin, keys, positions, mask, 0)
         features: Tensor = self.norm(x)
         return features

@@ -23,6 +23,7 @@ __all__ = [
     "VLLM_VERSION",
     "VllmMissingError",
     "find_vllm_python",
+    "vllm_missing",
     "vllm_venv",
 ]
 
@@ -58,3 +59,13 @@ def find_vllm_python() -> Path:
             "about 5 minutes)"
         )
     return python
+
+
+def vllm_missing() -> str | None:
+    """Why vLLM cannot run here (the line naming its install command), or None: what a
+    live test's skip reason reads."""
+    try:
+        find_vllm_python()
+    except VllmMissingError as exc:
+        return str(exc)
+    return None
