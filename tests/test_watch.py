@@ -352,6 +352,35 @@ def test_live_table_prints_the_advice_and_errors_as_lines(
     assert "disable speculation" in out and "serve without --speculative-config" in out
 
 
+def test_a_cost_profile_on_the_command_line_predicts_a_speedup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--costs FILE``: the profile's K = 2 beats plain decoding on these counts (1 + 0.8
+    + 0.6 = 2.4 tokens a step over 2 * 0.05 + 1.2 = 1.3 steps: 1.85x); without it, no
+    prediction."""
+    profile = tmp_path / "costs.json"
+    save_costs(StepCosts(0.05, (1.0, 1.1, 1.2), "tune", engine="vllm"), profile)
+    text = vllm_text(100, [80, 60])
+    with canned(text) as url:
+        assert main(["watch", url, "--once", "--json", "--costs", str(profile)]) == 0
+        with_costs = json.loads(capsys.readouterr().out)
+        assert main(["watch", url, "--once", "--json"]) == 0
+        without = json.loads(capsys.readouterr().out)
+    advice = with_costs["advice"]
+    assert advice["k"] == 2 and advice["predicted_speedup"] == pytest.approx(2.4 / 1.3, abs=1e-3)
+    assert advice["costs"]["source"] == str(profile)
+    assert NO_COSTS_NOTE not in with_costs["notes"]
+    assert without["advice"] is None and NO_COSTS_NOTE in without["notes"]
+
+
+def test_watch_help_names_no_assumed_costs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["watch", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "--costs FILE" in out and "nan" not in out
+
+
 def test_spectunes_own_draft_time_sets_the_draft_cost() -> None:
     c = counts(50, [40, 30])  # 100 draft tokens over 50 steps: 2 per step
     c.draft_time, c.target_time, c.step_time = 1.0, 10.0, 11.0

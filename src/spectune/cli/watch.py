@@ -7,16 +7,23 @@ one (``spectune.monitor.watch``) as a live table; ``--once --json`` prints one J
 no speculation metrics) is one line, and watching goes on; with ``--polls N``, a run whose
 N polls all failed ends in an error (exit status 2). What a server sent is quoted short and
 escaped (``spectune.monitor.remote.excerpt``).
+
+A speedup is predicted (and K advised) only from the deployment's measured costs: a cost
+profile (``--costs FILE``, ``spectune.engines.costs``) or ``--draft-cost`` with
+``--verify-slope``; without them the report gives acceptance and a note.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from spectune.engines.costs import StepCosts, load_costs
 from spectune.errors import InvalidParameterError
 from spectune.monitor.remote import (
     READERS,
@@ -26,6 +33,7 @@ from spectune.monitor.remote import (
     read_exposition,
 )
 from spectune.monitor.watch import CostAssumptions, Watcher, WatchReport
+from spectune.records import validate_k
 
 __all__ = ["register"]
 
@@ -51,16 +59,25 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--max-k", type=int, default=8, help="largest K the advice considers")
     parser.add_argument(
+        "--costs",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the deployment's measured costs, a cost profile (spectune.engines.costs): "
+        "without it, or the two flags below, no speedup is predicted",
+    )
+    parser.add_argument(
         "--draft-cost",
         type=float,
-        default=CostAssumptions.draft_cost,
-        help="one draft token's time over one target step's",
+        default=None,
+        help="one draft token's time over one target step's, measured (with --verify-slope)",
     )
     parser.add_argument(
         "--verify-slope",
         type=float,
-        default=CostAssumptions.verify_slope,
-        help="extra target time per verified token, over one target step's",
+        default=None,
+        help="extra target time per verified token over one target step's, measured "
+        "(with --draft-cost)",
     )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per poll")
     parser.add_argument(
@@ -111,13 +128,12 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("--interval and --timeout must be > 0")
     if args.polls < 0:
         raise InvalidParameterError("--polls must be >= 0")
-    if args.max_k < 1 or (args.k is not None and args.k < 0):
-        raise InvalidParameterError("--max-k must be >= 1 and -k >= 0")
-    if args.draft_cost < 0 or args.verify_slope < 0:
-        raise InvalidParameterError("--draft-cost and --verify-slope must be >= 0")
+    validate_k(args.max_k)  # the advice's table of K (and stated costs) stops there
+    if args.k is not None and args.k < 0:
+        raise InvalidParameterError("-k must be >= 0")
     url = metrics_url(args.url)
     _check_api_key(args.api_key)
-    watcher = Watcher(CostAssumptions(args.draft_cost, args.verify_slope), args.k, args.max_k)
+    watcher = Watcher(_costs(args), args.k, args.max_k)
     if args.once:
         report = watcher.observe(scrape(url, args.engine, args.api_key, args.timeout))
         print(json.dumps(report.as_json(), indent=2) if args.json else _text(report))
@@ -136,6 +152,25 @@ def run(args: argparse.Namespace) -> int:
     if args.polls and len(failures) == args.polls:
         raise EndpointError(f"all {args.polls} polls failed; the last: {failures[-1]}")
     return 0
+
+
+def _costs(args: argparse.Namespace) -> StepCosts | None:
+    """The measured costs the advice predicts from: a cost profile (``--costs``), or
+    ``--draft-cost`` with ``--verify-slope``; None: no speedup is predicted."""
+    stated = (args.draft_cost, args.verify_slope)
+    if args.costs is not None:
+        if stated != (None, None):
+            raise InvalidParameterError(
+                "give --costs or --draft-cost with --verify-slope, not both"
+            )
+        return load_costs(args.costs)
+    if stated == (None, None):
+        return None
+    if None in stated:
+        raise InvalidParameterError("--draft-cost and --verify-slope go together: give both")
+    if not all(math.isfinite(x) and x >= 0 for x in stated):
+        raise InvalidParameterError("--draft-cost and --verify-slope must be finite and >= 0")
+    return CostAssumptions(args.draft_cost, args.verify_slope).stated(args.max_k)
 
 
 def _check_api_key(key: str | None) -> None:

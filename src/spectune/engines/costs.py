@@ -72,10 +72,12 @@ def load_costs(path: Path) -> StepCosts:
     """A cost profile file (see the module); a one-line ``InvalidParameterError`` when it
     is missing or malformed."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         message = f"cannot read the cost profile {path}: {exc.strerror}"
         raise InvalidParameterError(message) from None
+    except UnicodeDecodeError:
+        raise InvalidParameterError(f"{path} is not a cost profile (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
         raise InvalidParameterError(f"{path} is not JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != COSTS_FORMAT:
