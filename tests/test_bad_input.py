@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 
 from spectune.cli import main
 from spectune.drafters import NgramDrafter
+from spectune.engines.costs import COSTS_FORMAT
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import save_native
 from spectune.models.toy import toy_model
@@ -187,6 +188,9 @@ CLI_CASES: list[tuple[str, str]] = [
     ("corpus --out @W/c --seeds @W/bad.jsonl", "bad.jsonl:1"),
     ("corpus --out @W/c --target /nonexistent", "model not found: /nonexistent"),
     ("corpus --out /nonexistent/corpus --stats", "corpus folder not found"),
+    ("corpus --out @W/c --seeds @W/binary.bin", "binary.bin: 'utf-8' codec can't decode"),
+    ("corpus --out @W/garbage.txt/sub", "garbage.txt is a file, not a folder"),
+    ("corpus --out /proc/spectune-corpus", "cannot write in /proc"),
     ("distill --corpus @W/corpus.jsonl --out @W/d --steps 0", "give a budget"),
     ("distill --corpus @W/corpus.jsonl --out @W/d --minutes nan", "finite and >= 0"),
     ("distill --corpus @W/corpus.jsonl --out @W/d --tokens -5", "finite and >= 0"),
@@ -208,6 +212,15 @@ CLI_CASES: list[tuple[str, str]] = [
     ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --cache-dir @W/garbage.txt", "file"),
     ("distill --corpus /nonexistent.jsonl --out @W/d --steps 1 --target @T", "not found"),
     ("distill --corpus @W/bad.jsonl --out @W/d --steps 1 --target @T", "bad.jsonl:1"),
+    # distill: the corpus files are read, and the folders checked, before the target loads
+    ("distill --corpus @W/binary.bin --out @W/d --steps 1", "binary.bin: 'utf-8' codec"),
+    ("distill --corpus @W/binary.jsonl --out @W/d --steps 1", "binary.jsonl: 'utf-8' codec"),
+    ("distill --corpus @W/bad.jsonl --out @W/d --steps 1", "bad.jsonl:1"),
+    ("distill --corpus @W/binary.jsonl --out @W/d --steps 1 --generate 0 --reference 4", "'utf"),
+    ("distill --corpus @W/corpus.jsonl --out @W/d --steps 1 --cache-dir /proc/c", "cannot write"),
+    ("distill --corpus @W/corpus.jsonl --out @W/garbage.txt/d --steps 1", "garbage.txt is a fi"),
+    ("distill --corpus @W/corpus.jsonl --out /proc/spectune-d --steps 1", "cannot write in /pr"),
+    ("distill --answers @W --out @W --steps 1", "is the --answers input"),
     # tune (every setting is checked before a model loads)
     ("tune --trace /nonexistent.jsonl", "cannot read trace /nonexistent.jsonl"),
     ("tune --trace @W/bad.jsonl", "bad.jsonl:1: not a spectune trace event"),
@@ -283,10 +296,31 @@ CLI_CASES: list[tuple[str, str]] = [
     ("experiment batch --toy --sizes 0", "values must be >= 1"),
     ("experiment chunked --toy --ks 0", "values must be >= 1"),
     ("experiment tree --target /nonexistent", "model not found: /nonexistent"),
-    ("experiment evidence --toy --stages bogus", "--stages: unknown ['bogus']"),
-    ("experiment evidence --toy --distill-minutes 0", "--distill-minutes must be > 0"),
-    ("experiment evidence --toy --draft-sizes 4by256", "LAYERSxHIDDEN"),
-    ("experiment evidence --toy --tune-report /nonexistent", "no such file"),
+    # experiment --out: checked before the setup loads
+    ("experiment tree --toy --out @W", "--out @W is a folder; give a file name"),
+    ("experiment tree --toy --out @W/garbage.txt/x.json", "garbage.txt is a file, not a"),
+    ("experiment batch --toy --out @W", "is a folder; give a file name"),
+    ("experiment chunked --toy --out /proc/x.json", "cannot write in /proc"),
+    ("experiment history --toy --out @W/garbage.txt/x.json", "garbage.txt is a file, not a"),
+    ("experiment runtimes --toy --out @W", "is a folder; give a file name"),
+    ("experiment tree --out @W", "is a folder; give a file name"),  # before the target
+    # experiment evidence: every check before any stage runs (and writes its file)
+    ("experiment evidence --toy --out-dir @W/ev --stages bogus", "--stages: unknown ['bogus']"),
+    ("experiment evidence --toy --out-dir @W/ev --distill-minutes 0", "--distill-minutes must"),
+    ("experiment evidence --toy --out-dir @W/ev --draft-sizes 4by256", "LAYERSxHIDDEN"),
+    ("experiment evidence --toy --out-dir @W/ev --tune-report /nonexistent", "no such file"),
+    ("experiment evidence --toy --out-dir @W/ev --tune-report @W/garbage.txt", "is not JSON"),
+    ("experiment evidence --toy --out-dir @W/ev --tune-report @W/binary.bin", "is not JSON"),
+    ("experiment evidence --toy --out-dir @W/ev --tune-report @W/list.json", "not a `spectune"),
+    ("experiment evidence --toy --tune-report @W/garbage.txt", "is not JSON"),  # the default dir
+    ("experiment evidence --toy --out-dir @W/garbage.txt", "is a file; give a folder"),
+    ("experiment evidence --toy --out-dir @W/garbage.txt/ev", "garbage.txt is a file, not a"),
+    ("experiment evidence --toy --out-dir /proc/spectune-ev", "cannot write in /proc"),
+    ("experiment evidence --toy --out-dir @W/ev --report @W", "--report @W is a folder"),
+    ("experiment evidence --toy --out-dir @W/ev --report /proc/ev.md", "cannot write in /proc"),
+    ("experiment evidence --toy --out-dir @W/ev --out @W/ev.json", "not --out"),
+    ("experiment evidence --toy --out-dir @W/stale --stages tree", "is not a stage record"),
+    ("experiment evidence --out-dir @W/ev --answers @W/none --stages drafts", "no answer corpus"),
     ("experiment history --toy --per-category 0", "--per-category must be >= 1"),
     ("experiment runtimes --toy --max-tokens 0", "--max-tokens must be >= 1"),
     # suffix-index
@@ -325,6 +359,19 @@ CLI_CASES: list[tuple[str, str]] = [
     ("watch @BIN --once --json", "not Prometheus text"),
     ("watch @DEAD --polls 2 --interval 0.01", "all 2 polls failed; the last: cannot connect"),
     ("watch @DEAD --polls 2 --interval 0.01 --json", "all 2 polls failed"),
+    # watch --costs: a cost profile, read before the first poll
+    ("watch @DEAD --once --costs /nonexistent.json", "cannot read the cost profile"),
+    ("watch @DEAD --once --costs @W", "cannot read the cost profile"),
+    ("watch @DEAD --once --costs @W/binary.bin", "is not a cost profile (not UTF-8 text)"),
+    ("watch @DEAD --once --costs @W/garbage.txt", "garbage.txt is not JSON"),
+    ("watch @DEAD --once --costs @W/other.json", "is not a cost profile"),
+    ("watch @DEAD --once --costs @W/costs-short.json", "verify must start at 1.0"),
+    ("watch @DEAD --once --costs @W/garbage.txt --draft-cost 0.1", "not both"),
+    ("watch @DEAD --once --draft-cost 0.1", "--draft-cost and --verify-slope go together"),
+    ("watch @DEAD --once --verify-slope 0.1", "--draft-cost and --verify-slope go together"),
+    ("watch @DEAD --once --draft-cost nan --verify-slope 0.1", "finite and >= 0"),
+    ("watch @DEAD --once --draft-cost 0.1 --verify-slope -1", "finite and >= 0"),
+    ("watch @DEAD --once --max-k 99", "K (draft tokens per step) must be in [1, 32]"),
     # files other commands read
     ("serve --port 0 --target @T --trace @W", "cannot write trace"),
     ("serve --port 0 --target @T --api-keys /nonexistent", "cannot read API keys"),
@@ -333,7 +380,7 @@ CLI_CASES: list[tuple[str, str]] = [
     ("corpus --out @W/c --seeds @W", "seed file not found"),
     ("distill --corpus @W --out @W/d --steps 1 --target @T", "corpus file not found"),
     ("distill --answers @W/garbage.txt --out @W/d --steps 1 --target @T", "no answer shards"),
-    ("experiment evidence --toy --tune-report @W", "no such file"),
+    ("experiment evidence --toy --out-dir @W/ev --tune-report @W", "no such file"),
     # export
     ("export --to bogus", "argument --to: invalid choice"),
     ("export --to vllm", ""),
@@ -362,6 +409,13 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     (work / "corpus.jsonl").write_text('{"text": "w1 w2 w3"}\n')
     (work / "corrupt.gguf").write_bytes(b"GGUF" + b"\x00garbage" * 10)
     (work / "binary.bin").write_bytes(BINARY)
+    (work / "binary.jsonl").write_bytes(BINARY)
+    (work / "list.json").write_text("[1, 2]\n")
+    (work / "costs-short.json").write_text(
+        json.dumps({"format": COSTS_FORMAT, "version": 1, "draft_cost": 0.1, "verify": [1.0]})
+    )
+    (work / "stale").mkdir()  # an evidence folder whose stage file was cut short
+    (work / "stale" / "stage-costs.json").write_text('{"stage": "costs", "sett')
     (work / "tokens.jsonl").write_text("[1, 2, 3]\n[4, 5, 6]\n")
     program = work / "no-program.sh"  # executable, but neither a binary nor a #! script
     program.write_text("not a program\n")
@@ -431,11 +485,23 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)  # ``--threads`` cases must not leak
 
 
+def files_under(folder: Path) -> dict[Path, tuple[int, int]]:
+    """Every file under ``folder`` (none where it does not exist), with its modification
+    time and size."""
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*") if p.is_file()}
+
+
 @pytest.mark.parametrize(("line", "message"), CLI_CASES, ids=[c[0] for c in CLI_CASES])
 def test_cli(
     line: str, message: str, scratch: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # ``experiment evidence`` writes its stages into docs/evidence unless told otherwise:
+    # a bad input must fail before the first stage, not after it replaced measured files.
+    evidence = Path("docs/evidence")
+    before = files_under(evidence) if line.startswith("experiment") else None
     status = main(split_argv(line, scratch))
+    if before is not None:
+        assert files_under(evidence) == before, "the case wrote into docs/evidence"
     captured = capsys.readouterr()
     err = captured.err
     assert status == 2, (status, err[-500:])

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.cli.common import add_device_arg, add_threads_arg, set_threads
+from spectune.cli.paths import output_folder
 from spectune.distill.corpus import (
     PROMPT_MIXES,
     CorpusSettings,
@@ -86,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
         if value < 1:
             raise InvalidParameterError(f"{flag} must be >= 1, got {value}")
     set_threads(args.threads)
-    if args.out.exists() and not args.out.is_dir():
-        raise InvalidParameterError(f"--out {args.out} is a file; the corpus needs a folder")
+    output_folder(args.out, "--out", [("--seeds", path) for path in args.seeds])
     seeds = SeedData.read(args.seeds)  # checked before the target loads
     target = load_target(args.target, device=resolve_device(args.device))
     settings = CorpusSettings(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from spectune.cli.paths import output_file, output_folder
 from spectune.errors import InvalidParameterError
 from spectune.experiments.common import Setup, load_setup, toy_setup
 from spectune.experiments.evidence.stages import StageRun, run_stage, stage_path
@@ -74,43 +75,87 @@ def run(args: argparse.Namespace) -> int:
 
     for sizes in (args.draft_sizes, args.family_size):
         parse_sizes(sizes)  # a bad size fails before anything loads
-    if args.tune_report is not None and not args.tune_report.is_file():
-        raise InvalidParameterError(f"--tune-report {args.tune_report}: no such file")
+    # Every file is checked before a model loads and any stage runs: a stage's results
+    # are written as it ends, so a late error would leave a half-made run behind.
+    tune_report = None if args.tune_report is None else _read_tune_report(args.tune_report)
+    inputs = [("--tune-report", args.tune_report), ("--answers", args.answers)]
+    out_dir = output_folder(args.out_dir, "--out-dir", inputs)
+    report = output_file(
+        args.report or out_dir.with_suffix(".md"), "--report", inputs, make_parents=True
+    )
+    # The stage files this run reads (a chosen stage with --force is measured anew).
+    cached = {
+        name: None if args.force and name in stages else _cached(out_dir, name) for name in STAGES
+    }
+    drafts_to_measure = "drafts" in stages and cached["drafts"] is None
+    if drafts_to_measure and not args.toy and not args.answers.is_dir():
+        raise InvalidParameterError(
+            f"--answers {args.answers}: no answer corpus (make one with `spectune corpus`)"
+        )
     if args.toy and args.threads is None:
         import torch
 
         torch.set_num_threads(1)  # toy models: threads only add contention
-    out_dir: Path = args.out_dir
-    report: Path = args.report or out_dir.with_suffix(".md")
     setup = (
         toy_setup(num_prompts=2)
         if args.toy
         else load_setup(args.target, args.draft, per_category=args.per_category, split="test")
     )
+    if drafts_to_measure:
+        _target_net(setup)  # distilling needs the native runtime: say so before any stage
     common = {
         "toy": args.toy,
         "setup": setup.description,
         "per_category": None if args.toy else args.per_category,
     }
-    measures = _measures(args, setup, out_dir)
+    measures = _measures(args, setup, out_dir, tune_report)
     runs: list[StageRun] = []
     for name in STAGES:
-        path = stage_path(out_dir, name)
         if name in stages and name in measures:
             settings, measure = measures[name]
             print(f"stage {name} ...", flush=True)
             done = run_stage(out_dir, name, {**common, **settings}, measure, force=args.force)
             print(f"stage {name}: " + ("cached" if done.cached else f"{done.seconds:.0f} s"))
             runs.append(done)
-        elif path.is_file():
-            record = json.loads(path.read_text(encoding="utf-8"))
-            runs.append(StageRun(name, record["data"], float(record["seconds"]), cached=True))
+        elif (record := cached[name]) is not None:
+            runs.append(record)
     _write(args, runs, report, setup)
     return 0
 
 
+def _read_tune_report(path: Path) -> dict[str, Any]:
+    """``--tune-report``: a JSON object (``spectune tune --report`` writes one)."""
+    if not path.is_file():
+        raise InvalidParameterError(f"--tune-report {path}: no such file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidParameterError(f"--tune-report {path}: {exc.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidParameterError(f"--tune-report {path} is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InvalidParameterError(f"--tune-report {path} is not a `spectune tune` report")
+    return data
+
+
+def _cached(out_dir: Path, name: str) -> StageRun | None:
+    """A stage's file in ``out_dir`` as read back, or None where there is none; one that
+    is not a stage record is a one-line error (measure it again with ``--force``)."""
+    path = stage_path(out_dir, name)
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return StageRun(name, record["data"], float(record["seconds"]), cached=True)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidParameterError(
+            f"{path} is not a stage record ({type(exc).__name__}: {exc}); measure it again "
+            f"with --stages {name} --force"
+        ) from None
+
+
 def _measures(
-    args: argparse.Namespace, setup: Setup, out_dir: Path
+    args: argparse.Namespace, setup: Setup, out_dir: Path, tune_report: dict[str, Any] | None
 ) -> dict[str, tuple[dict[str, Any], Callable[[], dict[str, Any]]]]:
     from spectune.experiments.evidence import measure
     from spectune.experiments.trees import tree_vs_chain
@@ -158,15 +203,10 @@ def _measures(
         ),
         "drafts": _drafts_stage(args, setup, out_dir, tokens),
     }
-    if args.tune_report is not None:
-        tune_path: Path = args.tune_report
-
-        def tuned() -> dict[str, Any]:
-            data = json.loads(tune_path.read_text(encoding="utf-8"))
-            keep = ("parameters", "predicted", "confirm", "command")
-            return {"source": str(tune_path), **{k: data.get(k) for k in keep}}
-
-        found["tuned"] = ({"tune_report": str(tune_path)}, tuned)
+    if tune_report is not None:
+        keep = ("parameters", "predicted", "confirm", "command")
+        tuned = {"source": str(args.tune_report), **{k: tune_report.get(k) for k in keep}}
+        found["tuned"] = ({"tune_report": str(args.tune_report)}, lambda: tuned)
     return found
 
 

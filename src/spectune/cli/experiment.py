@@ -18,6 +18,7 @@ from typing import Any
 from spectune.cli.common import add_threads_arg, set_threads
 from spectune.cli.evidence import add_arguments as add_evidence_arguments
 from spectune.cli.evidence import run as run_evidence
+from spectune.cli.paths import output_file
 from spectune.drafters.pairing import TARGET_PRECISIONS
 from spectune.errors import InvalidParameterError
 from spectune.experiments.common import Setup, load_setup, toy_setup
@@ -130,7 +131,11 @@ def run(args: argparse.Namespace) -> int:
             "(not --toy; runtimes takes --precisions)"
         )
     if args.which == "evidence":
+        if args.out is not None:
+            raise InvalidParameterError("evidence writes --out-dir and --report, not --out")
         return run_evidence(args)
+    if args.out is not None:  # before any work: a run whose results cannot be written is lost
+        output_file(args.out, "--out", make_parents=True)
     if args.which == "runtimes":
         _write(args.out, {"command": args.command_line, **_runtimes(args)})
         return 0

@@ -61,6 +61,7 @@ from pathlib import Path
 import torch
 
 from spectune.decode.batch import BatchEngine
+from spectune.distill.sources import read_json_lines
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.models.tokenizer import Tokenizer
@@ -287,13 +288,7 @@ class SeedData:
         for path in paths:
             if not path.is_file():
                 raise InvalidParameterError(f"seed file not found: {path}")
-            for number, line in enumerate(path.read_text().splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InvalidParameterError(f"{path}:{number}: not JSON ({exc})") from exc
+            for _, record in read_json_lines(path):  # one line when not JSON lines
                 if not isinstance(record, dict):
                     continue
                 if isinstance(record.get("question"), str):

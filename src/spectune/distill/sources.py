@@ -18,13 +18,19 @@ from spectune.errors import InvalidParameterError, ModelLoadError
 __all__ = ["CorpusItem", "read_json_lines", "read_prompt_files", "read_reference_chats"]
 
 
+def _read_text(path: Path) -> str:
+    """A text file's contents; one that cannot be read, or is not UTF-8 text (a binary
+    file), raises ``ModelLoadError`` with one line."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+
+
 def read_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
     """JSON-lines files: (line number, value) for every non-empty line; a line that is not
     JSON raises ``InvalidParameterError`` (``file:line: not JSON (...)``)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:  # a binary file: not JSON lines
-        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    lines = _read_text(path).splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -146,7 +152,7 @@ def read_reference_chats(paths: Sequence[Path], *, seed: int = 0) -> list[Corpus
     for path in paths:
         if path.suffix != ".jsonl" or not path.is_file():
             continue
-        for line in path.read_text().splitlines():
+        for line in _read_text(path).splitlines():
             try:
                 record = json.loads(line) if line.strip() else None
             except json.JSONDecodeError:
@@ -183,7 +189,7 @@ def read_prompt_files(
                 if item is not None:
                     items.append(item)
         else:
-            for part in path.read_text().split("\n\n"):
+            for part in _read_text(path).split("\n\n"):
                 if part.strip():
                     items.append(CorpusItem(text=part.strip()))
     if not items:
