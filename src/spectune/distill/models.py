@@ -87,8 +87,12 @@ class DraftArchitecture:
 
     def record(self) -> dict[str, object]:
         """The fields that shaped the draft, for its training record: a feature head takes
-        the target's width, heads and one layer, so those requested sizes are left out."""
+        the target's width, heads and one layer, so those requested sizes are left out; the
+        layout is named only where it is not the default (records before it stay as they
+        were)."""
         fields = asdict(self)
+        if self.kind != "feature" or self.layout == "spectune":
+            del fields["layout"]
         if self.kind == "feature":
             for ignored in ("num_layers", "hidden_size", "num_heads", "num_kv_heads"):
                 del fields[ignored]

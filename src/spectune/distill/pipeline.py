@@ -183,7 +183,8 @@ def distill(
     draft: TrainableDraft
     if init_from is not None:
         warm = _warm_start(init_from, arch, net, vocab_size)
-        arch = replace(arch, intermediate_size=warm.head.cfg.intermediate_size)
+        head_cfg = warm.head.cfg  # a warm start keeps the head's width and layout
+        arch = replace(arch, intermediate_size=head_cfg.intermediate_size, layout=head_cfg.layout)
         draft, subset = warm, warm.vocab_subset
         # The lineage: where it started and how that draft was trained (its own lineage too).
         before = read_draft_meta(init_from)
