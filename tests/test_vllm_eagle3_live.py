@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from _vllm import LIVE, chat
 from spectune.control.base import FixedK
 from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.feature import FeatureDrafter
@@ -24,15 +25,11 @@ from spectune.drafters.loading import load_feature_head
 from spectune.engines.hf_folder import convert_target
 from spectune.engines.vllm import VllmSettings, vllm_server
 from spectune.engines.vllm.eagle3 import Eagle3Export, export_eagle3
-from spectune.engines.vllm.setup import vllm_missing
 from spectune.monitor.remote import read_exposition
 from spectune.records import SpecCounts
 from spectune.sampling import SamplingParams
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(vllm_missing() is not None, reason=str(vllm_missing())),
-]
+pytestmark = LIVE
 
 HEAD = Path(__file__).parent / "fixtures" / "smollm2-eagle3"
 PROMPTS = (
@@ -56,25 +53,11 @@ def head(target: Path, tmp_path_factory: pytest.TempPathFactory) -> Eagle3Export
     return export_eagle3(HEAD, target, tmp_path_factory.mktemp("vllm") / "head", k=K)
 
 
-def chat(url: str, model: Path, prompt: str) -> dict[str, Any]:
-    body = {
-        "model": str(model),
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "return_token_ids": True,
-    }
-    response = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
-    response.raise_for_status()
-    answer: dict[str, Any] = response.json()
-    return answer
-
-
 @pytest.fixture(scope="module")
 def plain(target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str, Any]]]:
     log = tmp_path_factory.mktemp("logs") / "vllm-plain.log"
     with vllm_server(VllmSettings(target), log=log) as url:
-        yield [chat(url, target, p) for p in PROMPTS]
+        yield [chat(url, target, p, MAX_TOKENS, return_token_ids=True) for p in PROMPTS]
 
 
 def spectune_counts(smollm2: Any, prompt: list[int], expected: list[int]) -> SpecCounts:
@@ -102,7 +85,7 @@ def test_vllm_serves_the_head_losslessly_with_spectunes_acceptance(
         extra_args=("--per-request-spec-decode-metrics", "summary"),
     )
     with vllm_server(settings, log=tmp_path / "vllm-eagle3.log") as url:
-        answers = [chat(url, target, p) for p in PROMPTS]
+        answers = [chat(url, target, p, MAX_TOKENS, return_token_ids=True) for p in PROMPTS]
         counters = read_exposition(httpx.get(url + "/metrics", timeout=30).text).counts
     log = (tmp_path / "vllm-eagle3.log").read_text()
     assert "eagle3" in log.lower()

@@ -9,29 +9,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
+from _vllm import LIVE, chat
 from spectune.cli import main
 from spectune.engines.hf_folder import check_logits, convert_target
-from spectune.engines.vllm import VllmMissingError, VllmSettings, find_vllm_python, vllm_server
+from spectune.engines.vllm import VllmSettings, vllm_server
 from spectune.monitor.remote import read_exposition
 
-
-def _vllm_missing() -> str | None:
-    try:
-        find_vllm_python()
-    except VllmMissingError as exc:
-        return str(exc)
-    return None
-
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(_vllm_missing() is not None, reason=str(_vllm_missing())),
-]
+pytestmark = LIVE
 
 PROMPTS = (
     "Count from 1 to 30, separated by commas.",
@@ -50,24 +38,13 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def chat(url: str, model: Path, prompt: str) -> dict[str, Any]:
-    body = {
-        "model": str(model),
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-    }
-    response = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
-    response.raise_for_status()
-    answer: dict[str, Any] = response.json()
-    return answer
-
-
 @pytest.fixture(scope="module")
 def plain_answers(target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     log = tmp_path_factory.mktemp("logs") / "vllm-plain.log"
     with vllm_server(VllmSettings(target), log=log) as url:
-        answers = [chat(url, target, p)["choices"][0]["message"]["content"] for p in PROMPTS]
+        answers = [
+            chat(url, target, p, MAX_TOKENS)["choices"][0]["message"]["content"] for p in PROMPTS
+        ]
         metrics = httpx.get(url + "/metrics", timeout=30).text
     assert "vllm:spec_decode_num_drafts" not in metrics  # no speculation: no counters
     yield answers
@@ -83,7 +60,7 @@ def test_suffix_speculation_is_lossless_and_watch_equals_the_counters(
         target, SUFFIX, extra_args=("--per-request-spec-decode-metrics", "summary")
     )
     with vllm_server(settings, log=tmp_path / "vllm-suffix.log") as url:
-        answers = [chat(url, target, p) for p in PROMPTS]
+        answers = [chat(url, target, p, MAX_TOKENS) for p in PROMPTS]
         assert main(["watch", url, "--once", "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
         counters = read_exposition(httpx.get(url + "/metrics", timeout=30).text).counts

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from _vllm import chat, live
 from spectune.draft import Draft
 from spectune.drafters.base import TargetFeatures
 from spectune.engines.vllm.controller import DraftShareCheck, RowController
@@ -534,21 +535,6 @@ def test_a_cost_profile_prices_k(tmp_path: Path) -> None:
 # --- live: a real vLLM (make vllm) serving with the proposer -------------------------
 
 
-def _vllm_missing() -> str | None:
-    from spectune.engines.vllm import VllmMissingError, find_vllm_python
-
-    try:
-        find_vllm_python()
-    except VllmMissingError as exc:
-        return str(exc)
-    return None
-
-
-live = [
-    pytest.mark.slow,
-    pytest.mark.skipif(_vllm_missing() is not None, reason=str(_vllm_missing())),
-]
-
 # (prompt, max_tokens): sent together, they finish out of order; the last two arrive
 # while the first are running and take the rows the short ones free.
 LIVE_REQUESTS = (
@@ -562,23 +548,7 @@ LIVE_REQUESTS = (
 LIVE_K = 4
 
 
-def live_chat(url: str, model: Path, prompt: str, max_tokens: int) -> dict[str, Any]:
-    import httpx
-
-    body = {
-        "model": str(model),
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-    }
-    response = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
-    response.raise_for_status()
-    answer: dict[str, Any] = response.json()
-    return answer
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(_vllm_missing() is not None, reason=str(_vllm_missing()))
+@live
 def test_vllm_serves_with_the_proposer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import threading
     import time
@@ -595,7 +565,7 @@ def test_vllm_serves_with_the_proposer(tmp_path: Path, capsys: pytest.CaptureFix
     target = tmp_path / "target"
     convert_target("default", target)
     with vllm_server(VllmSettings(target), log=tmp_path / "plain.log") as url:
-        plain = [live_chat(url, target, p, n)["choices"][0] for p, n in LIVE_REQUESTS]
+        plain = [chat(url, target, p, n)["choices"][0] for p, n in LIVE_REQUESTS]
 
     trace, port = tmp_path / "trace.jsonl", free_port()
     spec = {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": LIVE_K}
@@ -614,7 +584,7 @@ def test_vllm_serves_with_the_proposer(tmp_path: Path, capsys: pytest.CaptureFix
 
     def send(i: int) -> None:
         prompt, max_tokens = LIVE_REQUESTS[i]
-        answers[i] = live_chat(url, target, prompt, max_tokens)
+        answers[i] = chat(url, target, prompt, max_tokens)
 
     with vllm_server(settings, log=tmp_path / "proposer.log") as url:
         threads = [threading.Thread(target=send, args=(i,)) for i in range(len(LIVE_REQUESTS))]
