@@ -6,11 +6,11 @@ decode 3-6x slower than one thread (docs/threads.md, measured by
 they sleep), so each parallel region waits for the thread that has no core while its
 partner burns the other one. A shorter spin did not help under a steady load (int4 with
 10,000 rounds: 22 tokens/s against 33 at 300,000 and 90 on one thread), and a passive wait
-cost int4 44% on a quiet machine. What holds the speed is the thread count: unless ``--threads`` (or ``OMP_NUM_THREADS``) fixes it, the
-``ThreadGovernor`` gives torch (and llama.cpp, which follows torch's count) the cores that
-other processes leave idle. At most once per ``interval`` it reads how busy the CPUs were
-(``/proc/stat``) less this process's own CPU time, and calls ``torch.set_num_threads``
-between decoding steps.
+cost int4 44% on a quiet machine. What holds the speed is the thread count: unless
+``--threads`` (or ``OMP_NUM_THREADS``) fixes it, the ``ThreadGovernor`` gives torch (and
+llama.cpp, which follows torch's count) the cores that other processes leave idle. At
+most once per ``interval`` it reads how busy the CPUs were (``/proc/stat``) less this
+process's own CPU time, and calls ``torch.set_num_threads`` between decoding steps.
 
 ``torch.set_num_threads`` is per calling thread under OpenMP, so the governor acts from
 ``pace()``, which the decoding engines call on the thread that decodes, before each step.
