@@ -64,6 +64,8 @@ def spectune_counts(smollm2: Any, prompt: list[int], expected: list[int]) -> Spe
     """spectune's own engine, fp32 target and fp32 head, K fixed, greedy: its counters."""
     model = smollm2.model
     head, subset = load_feature_head(HEAD, model.net)
+    before = model.feature_layers  # the fixture is shared: another head may be exposed
+    model.expose_layers(())
     model.expose_layers(head.cfg.feature_layers)
     try:
         drafter = FeatureDrafter(head, subset, name="feature:smollm2-eagle3")
@@ -71,7 +73,8 @@ def spectune_counts(smollm2: Any, prompt: list[int], expected: list[int]) -> Spe
             prompt, SamplingParams(max_tokens=MAX_TOKENS), policy=FixedK(K)
         )
     finally:
-        model.expose_layers(())  # the fixture is shared
+        model.expose_layers(())
+        model.expose_layers(before)
     assert run.tokens[: len(expected)] == expected  # the same text as vLLM's
     return run.counts
 

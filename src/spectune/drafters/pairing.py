@@ -382,18 +382,19 @@ def load_suffix_drafter(index: str, target: Loaded) -> SuffixDrafter:
     return suffix_drafter_for(
         index,
         target.model.info.vocab_size,
-        target.tokenizer.token_strings(),
+        lambda: target.tokenizer.token_strings(),
         target.model.info.name,
     )
 
 
 def suffix_drafter_for(
-    index: str, vocab_size: int, token_strings: Sequence[str], target: str
+    index: str, vocab_size: int, token_strings: Callable[[], Sequence[str]], target: str
 ) -> SuffixDrafter:
     """A suffix drafter over ``index``: empty -> the shipped index of the default target,
     a shipped index name, a path to an index file, or ``none`` (this request's context
     only). The index must have been built with the target's vocabulary (``vocab_size``,
-    ``token_strings``: its string per token id); ``target`` names it in the error."""
+    ``token_strings()``: its string per token id, asked for only where an index is
+    checked); ``target`` names it in the error."""
     if index == "none":
         return SuffixDrafter(None, name="suffix:none")
     name = index or DEFAULT_SUFFIX_INDEX
@@ -404,7 +405,7 @@ def suffix_drafter_for(
             "with 'spectune suffix-index'"
         )
     loaded = SuffixIndex.load(path)
-    loaded.check_vocabulary(vocab_size, tokenizer_fingerprint(token_strings), target)
+    loaded.check_vocabulary(vocab_size, tokenizer_fingerprint(token_strings()), target)
     return SuffixDrafter(loaded, name="suffix" if not index else f"suffix:{path.stem}")
 
 

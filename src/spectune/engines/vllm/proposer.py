@@ -64,8 +64,9 @@ def vllm_drafter(
     if settings.drafter == "ngram":
         return NgramDrafter()
     index = settings.drafter.partition(":")[2]
-    strings = [] if index == "none" else load_tokenizer(Path(tokenizer)).token_strings()
-    suffix = suffix_drafter_for(index, vocab_size, strings, target)
+    suffix = suffix_drafter_for(
+        index, vocab_size, lambda: load_tokenizer(Path(tokenizer)).token_strings(), target
+    )
     return suffix.with_history(HistoryStore()) if settings.history else suffix
 
 
