@@ -44,7 +44,6 @@ class ThreadGovernor:
         self.max_threads = max(1, max_threads)
         self.interval = interval
         self.last = CoreSample.read()
-        self.changes = 0
 
     def threads_for(self, idle: float) -> int:
         """The thread count for ``idle`` free cores."""
@@ -52,17 +51,19 @@ class ThreadGovernor:
         return max(1, min(self.max_threads, free))
 
     def pace(self) -> None:
-        last = self.last
-        if last is None or time.monotonic() - last.wall < self.interval:
-            return
+        if self.last is not None and time.monotonic() - self.last.wall >= self.interval:
+            self.follow()
+
+    def follow(self) -> None:
+        """Sample the counters now and set the thread count for the cores left idle since
+        the last sample."""
         now = CoreSample.read()
-        if now is None:
+        if self.last is None or now is None:
             return
+        wanted = self.threads_for(idle_cores(self.last, now, usable_cores()))
         self.last = now
-        wanted = self.threads_for(idle_cores(last, now, usable_cores()))
         if wanted != torch.get_num_threads():
             torch.set_num_threads(wanted)
-            self.changes += 1
 
 
 _governor: ThreadGovernor | None = None
@@ -78,13 +79,9 @@ def adapt_threads(max_threads: int | None = None) -> ThreadGovernor:
     usable cores); starts at the cores idle over a short first look (0.1 s)."""
     global _governor
     gov = ThreadGovernor(max_threads or usable_cores())
-    first = gov.last
-    if first is not None:
+    if gov.last is not None:
         time.sleep(0.1)
-        now = CoreSample.read()
-        if now is not None:
-            gov.last = now
-            torch.set_num_threads(gov.threads_for(idle_cores(first, now, usable_cores())))
+        gov.follow()
     _governor = gov
     return gov
 
