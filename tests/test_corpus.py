@@ -162,6 +162,7 @@ def test_missing_corpus_folder_is_a_one_line_error(tmp_path: Path) -> None:
         list(read_answers(tmp_path / "nowhere"))
 
 
+@pytest.mark.slow  # seconds: the quick loop (-m 'not slow') stays under 3 minutes
 def test_prompt_mix_2_adds_closed_book_questions_and_translations_into_english(
     toy_target: LlamaLM,
     tokenizer: Tokenizer,

@@ -28,6 +28,7 @@ def test_top_token_subset_keeps_special_tokens() -> None:
     assert subset.tolist() == [0, 1, 2]  # sorted; id 1 kept although it never occurs
 
 
+@pytest.mark.slow  # seconds: the quick loop (-m 'not slow') stays under 3 minutes
 def test_reduced_vocabulary_verification_is_lossless() -> None:
     """The first emitted token of a step must follow the target row exactly, although the
     draft can only propose 4 of 10 tokens (the other 6 hold 45% of the target's mass).

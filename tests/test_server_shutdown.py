@@ -249,6 +249,7 @@ def assert_trace_ends_every_request(server: Server, expected: int) -> list[dict[
     return ends
 
 
+@pytest.mark.slow  # seconds: the quick loop (-m 'not slow') stays under 3 minutes
 def test_a_long_drain_finishes_every_request(launch: Callable[[float], Server]) -> None:
     server = launch(120)
     # Four rows busy for a few seconds each: two streamed, two not.
@@ -316,6 +317,7 @@ def test_a_short_drain_cancels_the_rest_cleanly(launch: Callable[[float], Server
     assert "cancelled" in log and "after the 1 s drain bound" in log
 
 
+@pytest.mark.slow  # seconds: the quick loop (-m 'not slow') stays under 3 minutes
 def test_a_second_signal_cuts_the_drain_short(launch: Callable[[float], Server]) -> None:
     server = launch(120)
     flight = InFlight(server.url, [(LONG, True), (LONG, False)])

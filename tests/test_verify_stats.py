@@ -72,7 +72,9 @@ def _random_logits(seed: int, rows: int) -> torch.Tensor:
     return torch.randn(rows, VOCAB, generator=generator) * 1.5
 
 
-@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize(
+    "k", [1, pytest.param(3, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize(
     "params",
     [
@@ -95,6 +97,7 @@ def test_first_token_follows_target(k: int, params: SamplingParams) -> None:
     assert abs(observed_accept - expected_accept) < _acceptance_bound(expected_accept)
 
 
+@pytest.mark.slow  # seconds: the quick loop (-m 'not slow') stays under 3 minutes
 def test_drafter_without_probabilities_is_lossless() -> None:
     """One-hot treatment of a deterministic-looking drafter (n-gram) keeps the output exact,
     whatever distribution its tokens really come from."""

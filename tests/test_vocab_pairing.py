@@ -73,7 +73,7 @@ def test_fit_logits_cuts_or_pads_with_minus_infinity() -> None:
     assert process_logits(padded[0], SamplingParams(temperature=1.0))[6:].tolist() == [0, 0]
 
 
-@pytest.mark.parametrize("draft_vocab", [58, 70])
+@pytest.mark.parametrize("draft_vocab", [58, pytest.param(70, marks=pytest.mark.slow)])
 def test_mismatched_vocabulary_verification_is_lossless(
     toy_target: LlamaLM, toy_draft: LlamaLM, draft_vocab: int
 ) -> None:
@@ -134,7 +134,7 @@ def test_mismatched_vocabulary_verification_is_lossless(
         assert counts[draft_vocab:].sum() > 0
 
 
-@pytest.mark.parametrize("draft_vocab", [58, 70])
+@pytest.mark.parametrize("draft_vocab", [58, pytest.param(70, marks=pytest.mark.slow)])
 def test_mismatched_vocabulary_drafts_and_keeps_greedy_output(
     target_folder: Loaded, toy_draft: LlamaLM, tmp_path: Path, draft_vocab: int
 ) -> None:
