@@ -48,9 +48,9 @@ from typing import Any
 import httpx
 
 from spectune.engines.hf_folder import convert_target
+from spectune.engines.metrics import read_exposition
 from spectune.engines.vllm import VllmSettings, vllm_server
 from spectune.engines.vllm.options import PROPOSER_CLASS
-from spectune.monitor.remote import read_exposition
 from spectune.monitor.trace import read_trace
 from spectune.prompts import load_prompts
 

@@ -9,15 +9,11 @@ from pathlib import Path
 import pytest
 
 from spectune.cli import main
+from spectune.engines.llamacpp.flags import LLAMACPP_VERSION, to_llamacpp
+from spectune.engines.sglang.flags import to_sglang
+from spectune.engines.tuned import Tuning, read_tuning
+from spectune.engines.vllm.flags import to_vllm
 from spectune.errors import InvalidParameterError
-from spectune.export import (
-    LLAMACPP_VERSION,
-    Tuning,
-    read_tuning,
-    to_llamacpp,
-    to_sglang,
-    to_vllm,
-)
 
 
 def write(tmp_path: Path, data: object) -> Path:

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from spectune.cli import main
-from spectune.export import DRAFT_TEMPLATE, Tuning, export, resolve_draft
+from spectune.engines.drafts import DRAFT_TEMPLATE, resolve_draft
+from spectune.engines.export import export
+from spectune.engines.tuned import Tuning
 from spectune.models.loading import default_target_path
 from spectune.models.shipped import shipped_draft_path
 

@@ -11,17 +11,9 @@ import pytest
 import torch
 
 from gguf_files import Q, write_gguf
-from spectune.bench.llama_server import (
-    DEFAULTS_NAME,
-    OFF_NAME,
-    Candidate,
-    Measured,
-    Row,
-    flag_grid,
-    verdict_of,
-)
 from spectune.cli import main
-from spectune.cli.tune_llamacpp import default_server_binary
+from spectune.engines.llamacpp.server import Candidate, Measured, default_server_binary
+from spectune.engines.llamacpp.tuning import DEFAULTS_NAME, OFF_NAME, Row, flag_grid, verdict_of
 from spectune.errors import InvalidParameterError
 from spectune.models.gguf_write import write_draft_gguf
 from spectune.models.loading import native_from_folder, native_from_gguf, save_native

@@ -23,9 +23,9 @@ from spectune.decode.engine import SpeculativeEngine
 from spectune.drafters.feature import FeatureDrafter
 from spectune.drafters.loading import load_feature_head
 from spectune.engines.hf_folder import convert_target
+from spectune.engines.metrics import read_exposition
 from spectune.engines.vllm import VllmSettings, vllm_server
 from spectune.engines.vllm.eagle3 import Eagle3Export, export_eagle3
-from spectune.monitor.remote import read_exposition
 from spectune.records import SpecCounts
 from spectune.sampling import SamplingParams
 

@@ -16,8 +16,8 @@ import pytest
 from _vllm import LIVE, chat
 from spectune.cli import main
 from spectune.engines.hf_folder import check_logits, convert_target
+from spectune.engines.metrics import read_exposition
 from spectune.engines.vllm import VllmSettings, vllm_server
-from spectune.monitor.remote import read_exposition
 
 pytestmark = LIVE
 

@@ -557,10 +557,10 @@ def test_vllm_serves_with_the_proposer(tmp_path: Path, capsys: pytest.CaptureFix
 
     from spectune.cli import main
     from spectune.engines.hf_folder import convert_target
+    from spectune.engines.metrics import read_exposition
     from spectune.engines.process import free_port
     from spectune.engines.vllm import VllmSettings, vllm_server
     from spectune.engines.vllm.options import PROPOSER_CLASS
-    from spectune.monitor.remote import read_exposition
 
     target = tmp_path / "target"
     convert_target("default", target)

@@ -16,13 +16,15 @@ import openai
 import pytest
 
 from spectune.cli import main
-from spectune.cli.tune_llamacpp import default_server_binary
 from spectune.cli.watch import metrics_url
 from spectune.drafters.model import ModelDrafter
 from spectune.engines.costs import COSTS_FORMAT, StepCosts, load_costs, save_costs
+from spectune.engines.llamacpp.metrics import counts_of_timings
+from spectune.engines.llamacpp.server import default_server_binary
+from spectune.engines.metrics import read_exposition
 from spectune.errors import InvalidParameterError
 from spectune.models.llama import LlamaLM
-from spectune.monitor.remote import EndpointError, counts_of_timings, read_exposition
+from spectune.monitor.remote import EndpointError
 from spectune.monitor.watch import (
     NO_COSTS_NOTE,
     CostAssumptions,
@@ -415,7 +417,7 @@ def test_watch_on_a_real_llama_server_with_a_draft_agrees_with_its_responses(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gguf_files import Q, write_gguf
-    from spectune.bench.llama_server import llama_server
+    from spectune.engines.llamacpp.server import llama_server
     from spectune.models.toy import toy_config, toy_model
 
     target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"

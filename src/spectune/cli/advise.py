@@ -27,21 +27,16 @@ from spectune.control.config import PolicySpec
 from spectune.control.crossover import curve_for_this_machine
 from spectune.control.tune import policy_toml
 from spectune.drafters.pairing import load_target
+from spectune.engines.export import export, refusal_of_draft, target_refusal
+from spectune.engines.names import engine_arg
+from spectune.engines.tuned import Tuning
 from spectune.errors import InvalidParameterError, PromptError
-from spectune.export import (
-    ENGINE_NAMES,
-    Tuning,
-    draft_refusal,
-    export,
-    resolve_draft,
-    target_refusal,
-)
 from spectune.prompts import load_prompts
 
 __all__ = ["register"]
 
 DEFAULT_DRAFTS = ("smollm2-draft", "suffix")
-ENGINES = {"spectune": "spectune", **ENGINE_NAMES}
+ENGINES = ("spectune", "vllm", "sglang", "llamacpp")  # --engine: serve on spectune or export
 # Flags whose default --quick changes (fewer prompts and tokens, one temperature, the top 2
 # verified, no tuned policy): dest -> (default, with --quick). A flag given on the command
 # line wins.
@@ -130,8 +125,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--engine",
+        type=engine_arg(ENGINES),
+        metavar="{" + ",".join(ENGINES) + "}",
         default="spectune",
-        help="export the winner for: " + ", ".join(sorted(set(ENGINES) - {"llamacpp"})),
+        help="the engine the winner is for (llamacpp may also be spelled llama.cpp)",
     )
     parser.add_argument(
         "--quick",
@@ -198,10 +195,6 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     # Every setting is checked before minutes of loading.
-    if args.engine not in ENGINES:
-        raise InvalidParameterError(
-            f"unknown engine {args.engine!r}; choose one of spectune, vllm, sglang, llama.cpp"
-        )
     output_folder(args.out, "--out")
     per_category = _per_category(args)
     traffic = None if args.traces is None else load_traffic(args.traces, per_category)
@@ -209,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     specs = list(args.draft or DEFAULT_DRAFTS)
     check_candidate_paths(specs)
     notes: list[str] = []
-    if ENGINES[args.engine] != "spectune":
+    if args.engine != "spectune":
         specs = _exportable(specs, args, notes)
     set_threads(args.threads)
     chosen = []
@@ -256,11 +249,11 @@ def run(args: argparse.Namespace) -> int:
 def _exportable(specs: list[str], args: argparse.Namespace, notes: list[str]) -> list[str]:
     """The candidates the export's engine can load: a draft it cannot is an error when given
     with --draft, left out with a note when a default; the target must be one it loads."""
-    engine = ENGINES[args.engine]
+    engine = args.engine
     target = target_refusal(args.target, engine)
     if target is not None:
         raise InvalidParameterError(f"--engine {args.engine}: {target}")
-    refused = {spec: draft_refusal(resolve_draft(spec), engine) for spec in specs}
+    refused = {spec: refusal_of_draft(spec, engine) for spec in specs}
     reasons = [reason for reason in refused.values() if reason is not None]
     if reasons and args.draft is not None:
         raise InvalidParameterError(f"--engine {args.engine}: {reasons[0]}")
@@ -284,7 +277,7 @@ def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:
         spec = best.policy or PolicySpec("fixed", {"k": best.k})
         policy.write_text(policy_toml(spec, (f"spectune advise: {verdict.summary}",)))
         outputs["policy"] = policy.name
-        engine = ENGINES[args.engine]
+        engine = args.engine
         if engine == "spectune":
             command = (
                 f"spectune serve --target {args.target} --draft {best.drafter} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -284,3 +285,16 @@ def parse_numbers(text: str, kind: type[int] | type[float], what: str) -> tuple[
     if not values:
         raise InvalidParameterError(f"{what}: empty list")
     return values
+
+
+def round_robin(prompts: Sequence[Any], count: int) -> list[Any]:
+    """``count`` prompts taken in turn from each category, in file order."""
+    by_category: dict[str, list[Any]] = {}
+    for prompt in prompts:
+        by_category.setdefault(prompt.category, []).append(prompt)
+    picked: list[Any] = []
+    while len(picked) < min(count, len(prompts)):
+        for queue in by_category.values():
+            if queue and len(picked) < count:
+                picked.append(queue.pop(0))
+    return picked

@@ -9,15 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from spectune.engines.drafts import DRAFT_TEMPLATE
+from spectune.engines.export import export_best
+from spectune.engines.names import ENGINES, engine_arg
+from spectune.engines.tuned import Tuning, read_tunings
 from spectune.errors import InvalidParameterError
-from spectune.export import (
-    DRAFT_TEMPLATE,
-    ENGINE_NAMES,
-    Tuning,
-    engine_name,
-    export_best,
-    read_tunings,
-)
 
 __all__ = ["register"]
 
@@ -33,7 +29,11 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("result", nargs="?", type=Path, help="select or bench result JSON")
     parser.add_argument(
-        "--to", required=True, choices=tuple(ENGINE_NAMES), help="the engine to export to"
+        "--to",
+        required=True,
+        type=engine_arg(),
+        metavar="{" + ",".join(ENGINES) + "}",
+        help="the engine to export to (llamacpp may also be spelled llama.cpp)",
     )
     parser.add_argument(
         "--target", help="the target: a path, hub id or 'default' (llama.cpp: a .gguf)"
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     tunings = [replace(t, **{k: v for k, v in overrides.items() if v is not None}) for t in tunings]
     if args.draft is not None:
         tunings = tunings[:1]  # the file's ranking is of its own drafts
-    plan = export_best(tunings, engine_name(args.to))
+    plan = export_best(tunings, args.to)
     if args.json:
         print(json.dumps(plan.as_json(), indent=2))
         return 0

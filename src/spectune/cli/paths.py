@@ -12,6 +12,8 @@ flag, so that a typo costs a second instead of a run whose results cannot be wri
   model the command reads.
 - ``distinct_outputs``: two outputs of one command are not the same file.
 - ``executable``: a program that exists, is a file and may be run.
+
+``write_text`` writes a checked output, a failure still one line.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from pathlib import Path
 
 from spectune.errors import InvalidParameterError
 
-__all__ = ["Named", "distinct_outputs", "executable", "output_file", "output_folder"]
+__all__ = [
+    "Named",
+    "distinct_outputs",
+    "executable",
+    "output_file",
+    "output_folder",
+    "write_text",
+]
 
 Named = tuple[str, str | Path | None]  # (flag, path); a None path is skipped
 
@@ -130,3 +139,11 @@ def _takes_files(folder: Path, flag: str, out: Path) -> None:
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise InvalidParameterError(f"{flag} {out}: cannot write in {existing} ({reason})") from exc
+
+
+def write_text(path: Path, text: str) -> None:
+    """``text`` into ``path`` (UTF-8); an OS error is a one-line ``InvalidParameterError``."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot write {path}: {exc.strerror}") from exc

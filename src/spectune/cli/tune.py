@@ -26,8 +26,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spectune.cli.common import add_model_args, add_threads_arg, parse_numbers, set_threads
-from spectune.cli.paths import distinct_outputs, output_file
+from spectune.cli.common import (
+    add_model_args,
+    add_threads_arg,
+    parse_numbers,
+    round_robin,
+    set_threads,
+)
+from spectune.cli.paths import distinct_outputs, output_file, write_text
 from spectune.cli.tune_llamacpp import add_args as add_llamacpp_args
 from spectune.cli.tune_llamacpp import run_llamacpp
 from spectune.cli.tune_report import print_summary, report_data, report_markdown
@@ -202,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         f"the seed's policy {result.seed.tokens_per_second:.3g}; "
         f"fixed K={result.best_fixed_k} {result.fixed[result.best_fixed_k].tokens_per_second:.3g}",
     ]
-    _write(args.out, policy_toml(spec, header))
+    write_text(args.out, policy_toml(spec, header))
     tuned = load_policy_file(args.out)  # what the other commands will read
     confirm = recording.confirm(tuned, result) if recording and args.confirm_prompts else None
     load = meter.stop()  # what tune timed on this machine: the recording and the confirmation
@@ -211,17 +217,10 @@ def run(args: argparse.Namespace) -> int:
     data = report_data(args, context, workload, costs, result, confirm, notes)
     data["machine_load"] = load.as_json() if recording is not None else None
     data["seconds"] = round(time.perf_counter() - started, 1)
-    _write(report, report_markdown(data))
-    _write(report.with_suffix(".json"), json.dumps(data, indent=2) + "\n")
+    write_text(report, report_markdown(data))
+    write_text(report.with_suffix(".json"), json.dumps(data, indent=2) + "\n")
     print_summary(data, args.out, report)
     return 0
-
-
-def _write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InvalidParameterError(f"cannot write {path}: {exc.strerror}") from exc
 
 
 def _search(workload: Workload, costs: StepCosts, console: Any) -> TuneResult:
@@ -267,7 +266,7 @@ class _Recording:
             limit_per_category=args.limit_per_category,
         )
         test = load_bench_prompts(tokenizer, args.prompts, categories=categories, split="test")
-        self.held_out = _round_robin(test, args.confirm_prompts)
+        self.held_out = round_robin(test, args.confirm_prompts)
         for note in notes:  # after the input is checked (``load_models``)
             console.print(f"note: {note}")
 
@@ -376,16 +375,3 @@ class _Recording:
                 texts["tuned"] == texts["plain"] if 0 in self.temperatures else None
             ),
         }
-
-
-def _round_robin(prompts: Sequence[Any], count: int) -> list[Any]:
-    """``count`` prompts taken in turn from each category, in file order."""
-    by_category: dict[str, list[Any]] = {}
-    for prompt in prompts:
-        by_category.setdefault(prompt.category, []).append(prompt)
-    picked: list[Any] = []
-    while len(picked) < min(count, len(prompts)):
-        for queue in by_category.values():
-            if queue and len(picked) < count:
-                picked.append(queue.pop(0))
-    return picked

@@ -1,5 +1,6 @@
 """``spectune tune --engine llamacpp``: measure a real ``llama-server``'s speculation flags on
-the prompts and keep the fastest (``spectune.bench.llama_server``); writes the flags as JSON."""
+the prompts and keep the fastest (``spectune.engines.llamacpp.tuning``); writes the flags as
+JSON."""
 
 from __future__ import annotations
 
@@ -7,26 +8,18 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 from pathlib import Path
 from typing import Any
 
-from spectune.cli.common import parse_numbers
-from spectune.cli.paths import executable, output_file
+from spectune.cli.common import parse_numbers, round_robin
+from spectune.cli.paths import executable, output_file, write_text
+from spectune.engines.llamacpp.flags import check_draft, draft_gguf
+from spectune.engines.llamacpp.server import BUILT_BINARY, default_server_binary
+from spectune.engines.names import engine_arg
 from spectune.errors import InvalidParameterError
 from spectune.models.machine import LoadMeter
 
-__all__ = ["add_args", "default_server_binary", "run_llamacpp"]
-
-BUILT_BINARY = Path("build/llama.cpp/cmake/bin/llama-server")  # scripts/build-llama-server.sh
-
-
-def default_server_binary() -> Path | None:
-    """``$LLAMA_SERVER``, else ``llama-server`` on PATH, else the one the build script made."""
-    named = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
-    if named:
-        return Path(named)
-    return BUILT_BINARY if BUILT_BINARY.is_file() else None
+__all__ = ["add_args", "run_llamacpp"]
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +28,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--engine",
-        choices=("spectune", "llamacpp"),
+        type=engine_arg(("spectune", "llamacpp", "vllm")),
+        metavar="{spectune,llamacpp,vllm}",
         default="spectune",
         help="spectune: fit spectune's K policy (default); llamacpp: start llama-server with "
         "each flag set and keep the fastest measured",
@@ -65,39 +59,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _draft_source(draft: str | None) -> Path | None:
-    """The draft as given, checked: a .gguf file, a ``distill --kind lm`` folder, or None
-    for 'ngram' or no draft (no draft model)."""
-    if draft in (None, "ngram"):
-        return None
-    path = Path(draft)
-    if (path.suffix == ".gguf" and path.is_file()) or (path / "model.safetensors").is_file():
-        return path
-    raise InvalidParameterError(
-        f"--draft {draft}: llama.cpp takes a draft model as a .gguf file or a "
-        "spectune distill --kind lm folder (or 'ngram' for prompt lookup only)"
-    )
-
-
-def _draft_file(source: Path | None, target: Path) -> Path | None:
-    """``_draft_source`` as a GGUF llama.cpp loads: a folder converted once (cached)."""
-    if source is None or source.is_file():
-        return source
-    from spectune.models.cache_dir import derived_path
-    from spectune.models.gguf_write import write_draft_gguf
-
-    out = derived_path(source / "model.safetensors", "llamacpp-draft").with_suffix(".gguf")
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial = out.with_suffix(".partial")
-        write_draft_gguf(source, target, partial)
-        partial.replace(out)
-    return out
-
-
 def _check(args: argparse.Namespace) -> tuple[Path, Path, Path | None, list[int], list[float]]:
     """Every setting, before anything is converted or started: the server binary, the
-    target, the draft as given (``_draft_source``), the --n-max and --p-min grids."""
+    target, the draft as given (``check_draft``), the --n-max and --p-min grids."""
     from spectune.models.loading import resolve_model_path
 
     if args.trace:
@@ -118,7 +82,7 @@ def _check(args: argparse.Namespace) -> tuple[Path, Path, Path | None, list[int]
     target = resolve_model_path(args.target)
     if target.suffix != ".gguf":
         raise InvalidParameterError(f"--target {args.target}: llama-server loads a .gguf file")
-    draft = _draft_source(args.draft)
+    draft = check_draft(args.draft)
     return _server_binary(args), target, draft, n_max, p_min
 
 
@@ -140,8 +104,7 @@ def run_llamacpp(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from spectune.bench.llama_server import flag_grid, tune_llamacpp
-    from spectune.cli.tune import _round_robin, _write
+    from spectune.engines.llamacpp.tuning import flag_grid, tune_llamacpp
     from spectune.prompts import load_prompts
 
     binary, target, draft_source, n_max, p_min = _check(args)
@@ -152,10 +115,10 @@ def run_llamacpp(args: argparse.Namespace) -> int:
     screen = load_prompts(
         args.prompts, categories=categories, split="dev", limit_per_category=args.limit_per_category
     )
-    confirm = _round_robin(
+    confirm = round_robin(
         load_prompts(args.prompts, categories=categories, split="test"), args.confirm_prompts
     )
-    draft = _draft_file(draft_source, target)
+    draft = draft_gguf(draft_source, target)
     candidates = flag_grid(draft, n_max, p_min, ngram=not args.no_ngram)
     if len(candidates) < 2:
         raise InvalidParameterError("nothing to tune: no draft model and --no-ngram")
@@ -190,7 +153,7 @@ def run_llamacpp(args: argparse.Namespace) -> int:
     winner = result.winner
     data["command"] = shlex.join(["llama-server", "--model", str(target), *winner["args"]])
     data["written_by"] = args.command_line
-    _write(out, json.dumps(data, indent=2) + "\n")
+    write_text(out, json.dumps(data, indent=2) + "\n")
     _table(console, "screening (dev prompts, one pass)", result.screen)
     _table(console, "confirmation (held-apart test prompts, interleaved)", result.confirm)
     console.print(result.verdict)

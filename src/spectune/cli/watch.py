@@ -24,14 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from spectune.engines.costs import StepCosts, load_costs
+from spectune.engines.metrics import READERS, read_exposition
+from spectune.engines.names import engine_arg
 from spectune.errors import InvalidParameterError
-from spectune.monitor.remote import (
-    READERS,
-    EndpointError,
-    EngineReading,
-    excerpt,
-    read_exposition,
-)
+from spectune.monitor.remote import EndpointError, EngineReading, excerpt
 from spectune.monitor.watch import CostAssumptions, Watcher, WatchReport
 from spectune.records import validate_k
 
@@ -48,7 +44,11 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
     parser.add_argument(
-        "--engine", choices=tuple(READERS), default=None, help="(default: from the metric names)"
+        "--engine",
+        type=engine_arg(tuple(READERS)),
+        metavar="{" + ",".join(READERS) + "}",
+        default=None,
+        help="(default: from the metric names; llamacpp may also be spelled llama.cpp)",
     )
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between polls")
     parser.add_argument("--once", action="store_true", help="poll once and exit")

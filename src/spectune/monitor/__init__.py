@@ -8,15 +8,15 @@
 - ``trace``       the JSON-lines step trace and its reader.
 - ``health``      the targets and the ok/low/high verdicts.
 - ``report``      a trace replayed into series, PNG charts and a health summary.
-- ``remote``      readers of a running engine's /metrics (vLLM, SGLang, llama.cpp,
-                  spectune) as ``SpecCounts``.
+- ``remote``      a running engine's /metrics as ``SpecCounts``: the shared types and
+                  spectune's own dialect (the engines' live in ``spectune.engines``).
 - ``watch``       a deployment judged between scrapes, and the K advice for it.
 """
 
 from spectune.monitor.health import TARGETS, HealthCheck, health
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.prometheus import PrometheusExporter
-from spectune.monitor.remote import EndpointError, EngineReading, read_exposition
+from spectune.monitor.remote import EndpointError, EngineReading
 from spectune.monitor.report import PLOTS, TraceReport, analyse_trace, plot_report
 from spectune.monitor.stats import (
     FALLBACK_KINDS,
@@ -62,6 +62,5 @@ __all__ = [
     "fallback_kind",
     "health",
     "plot_report",
-    "read_exposition",
     "read_trace",
 ]

@@ -1,32 +1,19 @@
-"""Readers for a running engine's own speculation counters, each an adapter to ``SpecCounts``.
+"""A running engine's speculation counters as spectune's counts: the types every engine's
+metrics dialect shares.
 
-One verb per reader: ``read(text) -> EngineReading``, the engine's Prometheus exposition
-parsed with ``prometheus_client``'s text parser. What each engine exports (names as in the
-engines' sources; tests/fixtures/watch/ holds one exposition of each):
-
-- ``vllm``      counters ``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``,
-                ``_num_accepted_tokens`` and ``_num_accepted_tokens_per_pos{position}``
-                (0-based, one label per speculative token: K is their number). A draft tests
-                every position, so positions tested = draft tokens. No draft time, no fallback.
-- ``sglang``    gauges only: ``sglang:spec_accept_rate`` and ``sglang:spec_accept_length``,
-                the last batch's values. No counters, so no window and no per position.
-- ``llamacpp``  ``llama-server --metrics``: vLLM's counters under the ``llamacpp:`` prefix
-                (``llamacpp:spec_decode_num_drafts_total`` ... ``_per_pos_total{position}``,
-                one label per position up to ``--spec-draft-n-max``), beside
-                ``llamacpp:tokens_predicted_total``. Builds older than the llama.cpp that
-                llama-cpp-python 0.3.36 vendors export no draft counts; there they come only
-                with each response, in ``timings.draft_n`` / ``timings.draft_n_accepted``
-                (``counts_of_timings``).
-- ``spectune``  ``spectune serve``'s ``spectune_spec_decode_*``: every count ``SpecCounts``
-                holds, draft and step time and fallback steps included.
-
-Label sets other than ``position`` (vLLM's ``engine``, ``model_name``) are summed over.
+``Exposition`` is one Prometheus exposition parsed with ``prometheus_client``'s text parser
+(samples by name, summed over label sets); ``EngineReading`` is one scrape as ``SpecCounts``.
+``spec_decode_counters`` reads vLLM's four ``spec_decode`` counters under a prefix (vLLM and
+llama.cpp export the same names); ``read_spectune`` reads ``spectune serve``'s own
+``spectune_spec_decode_*``: every count ``SpecCounts`` holds, draft and step time and
+fallback steps included. The other engines' dialects live with each engine
+(``spectune.engines``: ``vllm.metrics``, ``llamacpp.metrics``, ``sglang.metrics``), and
+``spectune.engines.metrics.read_exposition`` picks the dialect.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -35,14 +22,14 @@ from spectune.errors import SpectuneError
 from spectune.records import SpecCounts
 
 __all__ = [
-    "READERS",
     "EndpointError",
     "EngineReading",
     "Exposition",
-    "counts_of_timings",
-    "detect_engine",
+    "counters_reading",
     "excerpt",
-    "read_exposition",
+    "missing_metrics",
+    "read_spectune",
+    "spec_decode_counters",
 ]
 
 
@@ -128,11 +115,12 @@ def _count(value: float | None) -> int:
     return 0 if value is None else round(value)
 
 
-def _missing(engine: str, what: str) -> EndpointError:
+def missing_metrics(engine: str, what: str) -> EndpointError:
+    """The error for an exposition that lacks what ``engine``'s dialect reads."""
     return EndpointError(f"the {engine} metrics hold no {what}")
 
 
-def _vllm_style(ex: Exposition, prefix: str) -> tuple[SpecCounts, int | None] | None:
+def spec_decode_counters(ex: Exposition, prefix: str) -> tuple[SpecCounts, int | None] | None:
     """vLLM's four ``spec_decode`` counters under ``prefix`` (llama.cpp exports the same
     names); None when the three totals are not all there."""
     p = f"{prefix}spec_decode_"
@@ -157,70 +145,23 @@ def _vllm_style(ex: Exposition, prefix: str) -> tuple[SpecCounts, int | None] | 
     return counts, k
 
 
-def read_vllm(ex: Exposition) -> EngineReading:
-    found = _vllm_style(ex, "vllm:")
+def counters_reading(engine: str, ex: Exposition, prefix: str, note: str) -> EngineReading | None:
+    """``engine``'s reading of vLLM-style counters under ``prefix`` (``spec_decode_counters``),
+    acceptance per position where it has one label per position; None when they are absent.
+    ``note``: what the engine does not export."""
+    found = spec_decode_counters(ex, prefix)
     if found is None:
-        raise _missing(
-            "vLLM",
-            "vllm:spec_decode_* counters: is speculative decoding on (--speculative-config)?",
-        )
+        return None
     counts, k = found
-    return EngineReading(
-        "vllm",
-        counts,
-        frozenset({"per_position"} if k is not None else set()),
-        k=k,
-        notes=("vLLM exports no draft time and no fallback counts",),
-    )
-
-
-def read_sglang(ex: Exposition) -> EngineReading:
-    rate = ex.gauge("sglang:spec_accept_rate")
-    length = ex.gauge("sglang:spec_accept_length")
-    if rate is None and length is None:
-        raise _missing(
-            "SGLang", "sglang:spec_accept_rate or _length: is --speculative-algorithm set?"
-        )
-    return EngineReading(
-        "sglang",
-        None,
-        reported_acceptance=rate,
-        reported_accepted_length=length,
-        notes=(
-            "SGLang exports its last batch's acceptance as gauges, no counters: no window, "
-            "no per-position acceptance",
-        ),
-    )
-
-
-def read_llamacpp(ex: Exposition) -> EngineReading:
-    if ex.total("llamacpp:tokens_predicted_total") is None:
-        raise _missing("llama.cpp", "llamacpp:tokens_predicted_total (is --metrics on?)")
-    found = _vllm_style(ex, "llamacpp:")
-    if found is None:  # a build from before llama-server counted drafts
-        return EngineReading(
-            "llamacpp",
-            None,
-            notes=(
-                "this llama-server's /metrics holds no draft counts (an older build); each "
-                "response's timings.draft_n / draft_n_accepted does",
-            ),
-        )
-    counts, k = found
-    return EngineReading(
-        "llamacpp",
-        counts,
-        frozenset({"per_position"} if k is not None else set()),
-        k=k,
-        notes=("llama-server exports no draft time and no fallback counts",),
-    )
+    measured = frozenset({"per_position"} if k is not None else set())
+    return EngineReading(engine, counts, measured, k=k, notes=(note,))
 
 
 def read_spectune(ex: Exposition) -> EngineReading:
     p = "spectune_spec_decode_"
     steps = ex.total(f"{p}num_steps_total")
     if steps is None:
-        raise _missing("spectune", "spectune_spec_decode_num_steps_total")
+        raise missing_metrics("spectune", "spectune_spec_decode_num_steps_total")
     drafted = _count(ex.total(f"{p}num_draft_tokens_total"))
     tested = ex.by_label(f"{p}num_draft_tokens_per_pos_total", "position")  # 1-based
     kept = ex.by_label(f"{p}num_accepted_tokens_per_pos_total", "position")
@@ -247,44 +188,3 @@ def read_spectune(ex: Exposition) -> EngineReading:
         # and 0 after a plain step.
         k=width or (round(k) if k is not None and not math.isnan(k) and k > 0 else None),
     )
-
-
-READERS: Mapping[str, Callable[[Exposition], EngineReading]] = {
-    "vllm": read_vllm,
-    "sglang": read_sglang,
-    "llamacpp": read_llamacpp,
-    "spectune": read_spectune,
-}
-_PREFIXES = {
-    "vllm": "vllm:",
-    "sglang": "sglang:",
-    "llamacpp": "llamacpp:",
-    "spectune": "spectune_spec_decode_",
-}
-
-
-def detect_engine(ex: Exposition) -> str:
-    """The engine whose metric names the exposition holds."""
-    for engine, prefix in _PREFIXES.items():
-        if any(name.startswith(prefix) for name in ex.names()):
-            return engine
-    raise EndpointError(
-        "no vLLM, SGLang, llama.cpp or spectune metrics there (give --engine if it is one)"
-    )
-
-
-def read_exposition(text: str, engine: str | None = None) -> EngineReading:
-    """Parse ``text`` and read it as ``engine``'s (detected from the names when None)."""
-    ex = Exposition.parse(text)
-    return READERS[engine or detect_engine(ex)](ex)
-
-
-def counts_of_timings(timings: Mapping[str, object]) -> SpecCounts:
-    """llama-server's per-response ``timings`` as counts: ``draft_n`` draft tokens tested,
-    ``draft_n_accepted`` kept. It says nothing of steps, so no accepted length."""
-    drafted, accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
-    if not isinstance(drafted, int) or not isinstance(accepted, int) or accepted > drafted:
-        raise EndpointError(
-            f"timings without usable draft_n / draft_n_accepted: {excerpt(str(timings))}"
-        )
-    return SpecCounts(num_draft_tokens=drafted, positions=drafted, accepted=accepted)

@@ -28,7 +28,8 @@ from typing import Any
 
 from spectune.control.costs import expected_tokens_per_step
 from spectune.engines.costs import StepCosts
-from spectune.export import Tuning, export
+from spectune.engines.export import export
+from spectune.engines.tuned import Tuning
 from spectune.monitor.health import HealthCheck, health
 from spectune.monitor.remote import EngineReading
 from spectune.monitor.stats import Rates

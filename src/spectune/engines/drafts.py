@@ -1,4 +1,4 @@
-"""What a draft is to the engines spectune exports to, and which of them can load it.
+"""What a draft is to the engines spectune exports to, and the line that refuses one.
 
 spectune drafts in more ways than vLLM, SGLang and llama.cpp do, so a draft spec (as
 ``--draft`` takes it) is first sorted into a kind (``resolve_draft``):
@@ -9,8 +9,8 @@ spectune drafts in more ways than vLLM, SGLang and llama.cpp do, so a draft spec
 - ``hybrid`` (``suffix[:INDEX]+DRAFT``): suffix matching and a draft model merged in one tree;
 - ``feature-head``: an EAGLE-style head (``spectune distill --kind feature``, the shipped
   ``smollm2-draft``) that reads the target's hidden states. It is no model on its own, so
-  no engine loads it as a draft model, and spectune does not write an engine's own head
-  format;
+  no engine loads it as a draft model (a head of the EAGLE-3 layout goes to vLLM through
+  ``spectune convert --draft`` instead);
 - ``lm-folder``: a standalone causal LM as a Hugging Face folder (``distill --kind lm`` or
   ``gpt2``, or any transformers model folder);
 - ``lm-gguf``: a standalone causal LM as a GGUF file;
@@ -20,14 +20,16 @@ spectune drafts in more ways than vLLM, SGLang and llama.cpp do, so a draft spec
 - ``unloadable``: a name that resolves to nothing, or a file or folder that holds no model.
 
 Names are resolved the way spectune resolves them (``default``, a shipped draft's name),
-and local paths made absolute, so what an engine is handed is a path. ``REFUSALS`` says
-which kinds each engine cannot load, why, and what to give it instead.
+and local paths made absolute, so what an engine is handed is a path. Each engine's module
+says which kinds it cannot load, why, and what to give it instead (its ``DRAFT_REFUSALS``);
+``draft_refusal`` reads one.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -37,7 +39,17 @@ from spectune.drafters.pairing import is_suffix_spec
 from spectune.errors import ModelLoadError
 from spectune.models.loading import resolve_model_path
 
-__all__ = ["DRAFT_TEMPLATE", "REFUSALS", "DraftRef", "draft_refusal", "resolve_draft"]
+__all__ = [
+    "DRAFT_TEMPLATE",
+    "FEATURE_HEAD",
+    "HYBRID",
+    "LM_GGUF",
+    "USE_LM_DRAFT",
+    "DraftKind",
+    "DraftRef",
+    "draft_refusal",
+    "resolve_draft",
+]
 
 DraftKind = Literal[
     "ngram",
@@ -55,50 +67,17 @@ DRAFT_TEMPLATE = "DRAFT_MODEL"  # stands for a standalone draft model the caller
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 _FEATURE_HEAD_CONFIG = "spectune-feature-head"  # config.json's model_type in a head's folder
 
-_USE_LM_DRAFT = "a standalone LM draft (spectune distill --kind lm)"
-_FEATURE_HEAD = (
+# Text the engines' refusals share ({draft}: the draft as given, {engine}: the engine's name).
+USE_LM_DRAFT = "a standalone LM draft (spectune distill --kind lm)"
+FEATURE_HEAD = (
     "{draft} is an EAGLE-style feature head: it reads the target's hidden states and is no "
     "model on its own"
 )
-_HYBRID = "'{draft}' merges suffix matching and a draft model in one tree, which {engine} cannot"
-_LM_GGUF = (
+HYBRID = "'{draft}' merges suffix matching and a draft model in one tree, which {engine} cannot"
+LM_GGUF = (
     "{engine} loads a draft model as a Hugging Face folder or hub id, not the GGUF file {draft}: "
     "give the draft's original folder or hub id"
 )
-# Per engine, the kinds it cannot load: why, and what to give it instead ({draft}: the
-# draft as given, {engine}: the engine's name). Every other kind maps to one of the
-# engine's own methods (``spectune.export.engines``).
-REFUSALS: dict[str, dict[DraftKind, str]] = {
-    "vllm": {
-        "feature-head": _FEATURE_HEAD + ", so vLLM's draft_model method cannot load it, and "
-        "spectune does not write vLLM's EAGLE-3 head format: use --draft suffix or --draft "
-        f"ngram (vLLM's own methods) or {_USE_LM_DRAFT}",
-        "hybrid": _HYBRID + ": use --draft suffix (vLLM's suffix method)",
-        "lm-gguf": _LM_GGUF,
-    },
-    "sglang": {
-        "feature-head": _FEATURE_HEAD + ", so SGLang's STANDALONE algorithm cannot load it, "
-        "and spectune does not write SGLang's EAGLE3 head format: use --draft ngram or --draft "
-        f"suffix (SGLang's NGRAM) or {_USE_LM_DRAFT}",
-        "hybrid": _HYBRID + ": use --draft suffix (SGLang's NGRAM)",
-        "lm-gguf": _LM_GGUF,
-    },
-    "llamacpp": {
-        "feature-head": _FEATURE_HEAD + ", and llama-server's draft-simple loads a standalone "
-        "LM draft GGUF: use --draft ngram, or a standalone LM draft as GGUF (spectune distill "
-        "--kind lm, converted by spectune tune --engine llamacpp --draft FOLDER)",
-        "hybrid": _HYBRID + ": use --draft ngram (llama.cpp's ngram-simple)",
-        "suffix": "llama.cpp has no suffix drafting (its ngram-simple looks up the request's "
-        "own last tokens): use --draft ngram",
-        "lm-folder": "llama-server loads a draft model from a GGUF file, not the folder "
-        "{draft}: spectune tune --engine llamacpp --draft {draft} converts a spectune distill "
-        "--kind lm folder (and measures llama-server's flags), llama.cpp's convert_hf_to_gguf.py "
-        "others",
-        "hub": "llama-server loads a draft model from a local GGUF file, not the hub id "
-        "{draft}: give the path of the draft's GGUF",
-    },
-}
-ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp"}
 
 
 @dataclass(frozen=True)
@@ -158,15 +137,15 @@ def resolve_draft(spec: str) -> DraftRef:
     return DraftRef(spec, kind, str(path))
 
 
-def draft_refusal(draft: DraftRef, engine: str) -> str | None:
-    """Why ``engine`` cannot load ``draft``, and what to use instead, in one line; None when
-    it can."""
+def draft_refusal(draft: DraftRef, label: str, refusals: Mapping[DraftKind, str]) -> str | None:
+    """Why the engine named ``label``, which cannot load the kinds in ``refusals`` (its
+    ``DRAFT_REFUSALS``), cannot load ``draft``, and what to use instead, in one line; None
+    when it can."""
     if draft.problem is not None:
         return draft.problem
-    reason = REFUSALS[engine].get(draft.kind)
+    reason = refusals.get(draft.kind)
     if reason is None:
         return None
-    label = ENGINE_LABELS[engine]
     return f"{label} cannot load draft {draft.spec}: " + reason.format(
         draft=draft.spec, engine=label
     )

@@ -1,4 +1,4 @@
-"""Tune a real ``llama-server``'s speculative-decoding flags by measuring them.
+"""llama.cpp's tuning grid, and its speculation flags chosen by measuring them.
 
 llama.cpp applies none of spectune's rules itself, and its speed with a draft depends on
 kernels spectune's cost model does not see, so the flags are chosen by measurement:
@@ -6,7 +6,7 @@ kernels spectune's cost model does not see, so the flags are chosen by measureme
 1. ``flag_grid``: speculation off, llama.cpp's own defaults for the draft model (what a user
    gets with ``--spec-draft-model`` alone), a grid of ``--spec-draft-n-max`` x
    ``--spec-draft-p-min``, and ``ngram-simple`` prompt lookup at a few n-gram sizes.
-2. Every configuration gets its own ``llama-server`` (``ServerPool``), all loaded before
+2. Every configuration gets its own ``llama-server`` (``server.ServerPool``), all loaded before
    anything is timed; only one serves at a time, so the idle ones cost nothing.
 3. ``screen``: each configuration replays the screening prompts (greedy, a fixed number of
    tokens), prompt by prompt in rotating order, so that drift of the machine's speed falls on
@@ -22,46 +22,29 @@ kernels spectune's cost model does not see, so the flags are chosen by measureme
 from __future__ import annotations
 
 import math
-import socket
 import statistics
-import subprocess
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from spectune.errors import InvalidParameterError, SpectuneError
+from spectune.engines.llamacpp.server import Candidate, Measured, ServerPool, replay_one
+from spectune.errors import InvalidParameterError
 from spectune.prompts import EvalPrompt
 
 __all__ = [
-    "Candidate",
-    "LlamaServerError",
+    "DEFAULTS_NAME",
+    "OFF_NAME",
     "LlamaTuneResult",
-    "Measured",
-    "ServerPool",
+    "Row",
+    "beats_off",
     "flag_grid",
-    "replay_one",
     "tune_llamacpp",
+    "verdict_of",
 ]
 
 DEFAULTS_NAME = "draft defaults"
 OFF_NAME = "off"
-
-
-class LlamaServerError(SpectuneError):
-    """A ``llama-server`` did not start, died, or answered something other than a completion."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration: its name in the report and its ``llama-server`` flags."""
-
-    name: str
-    args: tuple[str, ...]
 
 
 def _number(value: float) -> str:
@@ -114,168 +97,6 @@ def flag_grid(
                 )
             )
     return grid
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def llama_server(
-    binary: Path,
-    model: Path,
-    args: Sequence[str],
-    *,
-    threads: int,
-    context: int = 2048,
-    extra: Sequence[str] = (),
-    ready_within: float = 120.0,
-) -> Iterator[str]:
-    """A ``llama-server`` on a free local port, serving until the block ends; yields its
-    URL once ``/health`` answers 200. Its log is kept for the error when it dies."""
-    port = _free_port()
-    command = [
-        str(binary),
-        "--model",
-        str(model),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--threads",
-        str(threads),
-        "--ctx-size",
-        str(context),
-        "--parallel",
-        "1",
-        "--metrics",
-        *args,
-        *extra,
-    ]
-    try:
-        process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-    except OSError as exc:  # not a program this machine can run (a script without #!, ...)
-        raise LlamaServerError(f"cannot start {binary}: {exc.strerror or exc}") from exc
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + ready_within
-        while True:
-            if process.poll() is not None:
-                log = process.stderr.read() if process.stderr else ""
-                lines = [line for line in log.splitlines() if line.strip()][-3:]
-                flags = " ".join(args) or "no speculation flags"
-                raise LlamaServerError(
-                    f"llama-server exited ({process.returncode}) with {flags}: " + " | ".join(lines)
-                )
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise LlamaServerError(f"llama-server not ready after {ready_within:.0f} s")
-            time.sleep(0.1)  # a readiness poll, not a timing
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stderr is not None:
-            process.stderr.close()
-
-
-class ServerPool:
-    """One running ``llama-server`` per candidate, all started before anything is timed."""
-
-    def __init__(
-        self,
-        binary: Path,
-        model: Path,
-        candidates: Sequence[Candidate],
-        *,
-        threads: int,
-        context: int = 2048,
-        on_start: Callable[[Candidate], None] | None = None,
-    ) -> None:
-        self.binary, self.model, self.threads, self.context = binary, model, threads, context
-        self.candidates = list(candidates)
-        self.urls: dict[str, str] = {}
-        self._stack = ExitStack()
-        self._on_start = on_start
-
-    def __enter__(self) -> ServerPool:
-        try:
-            for candidate in self.candidates:
-                if self._on_start is not None:
-                    self._on_start(candidate)
-                self.urls[candidate.name] = self._stack.enter_context(
-                    llama_server(
-                        self.binary,
-                        self.model,
-                        candidate.args,
-                        threads=self.threads,
-                        context=self.context,
-                    )
-                )
-        except BaseException:
-            self._stack.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stack.close()
-
-
-@dataclass(frozen=True)
-class Measured:
-    """One request: completion tokens, the client's wall-clock seconds, the server's own
-    generation time, and its draft counts (``timings.draft_n`` / ``draft_n_accepted``)."""
-
-    tokens: int
-    seconds: float
-    generation_seconds: float
-    drafted: int
-    accepted: int
-    text: str
-
-
-def replay_one(url: str, prompt: EvalPrompt, max_tokens: int) -> Measured:
-    """One chat completion, greedy, exactly ``max_tokens`` tokens (end-of-text ignored, so
-    every configuration decodes the same number of tokens)."""
-    body = {
-        "messages": [dict(m) for m in prompt.messages],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "cache_prompt": False,
-        "seed": 0,
-    }
-    start = time.perf_counter()
-    try:
-        reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
-    except httpx.HTTPError as exc:
-        raise LlamaServerError(f"{url}: {exc}") from None
-    seconds = time.perf_counter() - start
-    if reply.status_code != 200:
-        raise LlamaServerError(f"{url}: HTTP {reply.status_code}: {reply.text[:200]}")
-    data: dict[str, Any] = reply.json()
-    timings = data.get("timings", {})
-    usage = data.get("usage", {})
-    return Measured(
-        tokens=int(usage.get("completion_tokens", 0)),
-        seconds=seconds,
-        generation_seconds=float(timings.get("predicted_ms", 0.0)) / 1000,
-        drafted=int(timings.get("draft_n", 0)),
-        accepted=int(timings.get("draft_n_accepted", 0)),
-        text=str(data["choices"][0]["message"]["content"]),
-    )
 
 
 @dataclass

@@ -8,7 +8,7 @@ A tuned setup is a draft, a K and the batch size above which speculation stops p
   "k", "speedup_vs_plain", "category", ...}]}``: every spectune row with a draft and a fixed
   K, ranked by mean speedup (categories and temperatures pooled; only the ``all`` rows where
   the file has them), so that an engine that cannot load the best draft gets the best one
-  it can (``spectune.export.engines.export_best``).
+  it can (``spectune.engines.export.export_best``).
 - any JSON with top-level (or ``recommendation``) keys ``draft``/``drafter``, ``k``,
   ``speculate_max_batch`` (alias ``disable_by_batch_size``), and optionally
   ``k_by_batch_size`` ``{"1": 5, "8": 2, "16": 0}``: the threshold is then the largest
