@@ -248,11 +248,23 @@ def print_warning(message: str) -> None:
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy"
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=0, help="sample among the K most likely tokens; 0 = all"
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling mass; 1.0 = all tokens"
+    )
+    parser.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the request's random stream, for repeatable sampling (default: a fresh "
+        "seed from the OS)",
+    )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 

@@ -80,9 +80,18 @@ def register(subparsers: Any) -> None:
         help="accept these keys too: one 'KEY TENANT' per line, each tenant's drafts kept "
         "apart from the others' (default: none)",
     )
-    parser.add_argument("--served-model-name", help="the model name clients send")
+    parser.add_argument(
+        "--served-model-name",
+        help="the model name clients send (default: the target's file or folder name, "
+        "without .gguf)",
+    )
     add_policy_args(parser)
-    parser.add_argument("--engine", choices=ENGINES, default="batch")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="batch",
+        help="batch: requests decoded together; sequential: one request at a time",
+    )
     parser.add_argument("--max-batch", type=int, default=16, help="requests decoded together")
     parser.add_argument(
         "--capacity", type=int, default=2048, help="most tokens per request (prompt + output)"
@@ -120,13 +129,26 @@ def register(subparsers: Any) -> None:
         dest="spec_usage",
         action="store_false",
         help="leave the request's speculation counts out of responses' usage (they stay in "
-        "/metrics)",
+        "/metrics). Default: responses' usage carries them",
     )
     limits = parser.add_argument_group("limits")
-    limits.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    limits.add_argument("--max-prompt-tokens", type=int, default=4096)
+    limits.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="largest request body; more get a 413"
+    )
+    limits.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="longest prompt; longer ones get a 400 (default: --capacity - 1, the most that "
+        "leaves room for one output token; must be below --capacity)",
+    )
     limits.add_argument("--max-tokens", type=int, default=1024, help="largest max_tokens")
-    limits.add_argument("--default-max-tokens", type=int, default=256)
+    limits.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=256,
+        help="max_tokens of a request that sets none (at most --max-tokens)",
+    )
     limits.add_argument(
         "--max-requests", type=int, default=64, help="running + queued; more get a 429"
     )
@@ -140,7 +162,9 @@ def register(subparsers: Any) -> None:
         "cuts the drain short)",
     )
     add_threads_arg(parser)
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning"), help="server log"
+    )
     parser.set_defaults(run=run)
 
 
@@ -185,6 +209,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise InvalidParameterError("--served-model-name must not be empty")
+    if args.max_prompt_tokens is None:
+        args.max_prompt_tokens = max(1, args.capacity - 1)  # --capacity is checked below
+    elif args.max_prompt_tokens >= args.capacity:
+        raise InvalidParameterError(
+            f"--max-prompt-tokens {args.max_prompt_tokens} leaves no room for output in "
+            f"--capacity {args.capacity} tokens per request: give a smaller one, or a larger "
+            "--capacity"
+        )
     spec = policy_spec_from_args(args)
     build_policy(spec)  # checks the options before loading models
     # One core stays with the request threads (the event loop, tokenising and streaming):
