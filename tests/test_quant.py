@@ -367,10 +367,10 @@ def test_dtype_auto_runs_a_4_bit_gguf_on_int4_and_anything_else_on_fp32(tmp_path
 def test_choosing_and_loading_a_gguf_parses_it_once_then_never_until_it_changes(
     tmp_path: Path,
 ) -> None:
-    """``--dtype auto`` and the int4 load ask the file four questions (architecture, 4-bit
-    blocks, weights, int4 codes): one parse (3.5 s on the default model) serves them all,
-    the answers are cached, so the next start parses nothing and runs the same model, and
-    a file written since is parsed anew."""
+    """``--dtype auto`` reads the file's header alone (``spectune.models.facts``); the int4
+    load asks it for weights and int4 codes: one parse (3.5 s on the default model) serves
+    both, the answers are cached, so the next start parses nothing and runs the same model,
+    and a file written since is read anew."""
     import gguf
 
     from spectune.cli.common import auto_precision
@@ -387,6 +387,8 @@ def test_choosing_and_loading_a_gguf_parses_it_once_then_never_until_it_changes(
             logits.append(model.forward(tokens, model.new_cache(1, 16)).logits)
         write_gguf(path, _quantisable_toy(), Q.Q8_0)
         assert auto_precision(str(path), "auto", torch.device("cpu")).name == "fp32"
+        assert reader.call_count == 1
+        load_model(path)
         assert reader.call_count == 2
     assert torch.equal(logits[0], logits[1])
 
@@ -399,8 +401,7 @@ def test_a_damaged_gguf_cache_is_read_from_the_file_again(tmp_path: Path) -> Non
     tokens = torch.randint(3, 96, (1, 12), generator=torch.Generator().manual_seed(2))
     first = load_model(path, quantize="int4")
     expected = first.forward(tokens, first.new_cache(1, 16)).logits
-    for kind, name in (("gguf-summary", "summary.json"), ("gguf-int4", "layers.safetensors")):
-        (derived_path(path, kind) / name).write_bytes(b"{not json nor safetensors")
+    (derived_path(path, "gguf-int4") / "layers.safetensors").write_bytes(b"{not safetensors")
     model = load_model(path, quantize="int4")
     assert torch.equal(model.forward(tokens, model.new_cache(1, 16)).logits, expected)
 

@@ -15,6 +15,7 @@ from spectune.control.crossover import curve_for_this_machine
 from spectune.drafters.base import Drafter
 from spectune.drafters.pairing import (
     Loaded,
+    check_draft_before_loading,
     compile_target,
     drafter_summary,
     load_drafter,
@@ -23,6 +24,7 @@ from spectune.drafters.pairing import (
 )
 from spectune.errors import InvalidParameterError
 from spectune.models.devices import DEVICES, resolve_device
+from spectune.models.facts import model_facts
 from spectune.models.llamacpp import LLAMACPP
 from spectune.models.loading import DEFAULT_TARGET, RUNTIMES, stored_in_4_bits
 from spectune.models.machine import usable_cores
@@ -189,8 +191,15 @@ def load_models(args: argparse.Namespace, notes: list[str]) -> tuple[Loaded, Dra
     at the ``--dtype`` precision on ``--device``; where it drafts, with the target's
     verification-cost curve recorded for this machine (measured first if none is: a line
     saying so lands in ``notes``, for the caller to print once its input is checked, so a
-    bad input still gets its one error line)."""
+    bad input still gets its one error line). What the models' metadata decides (the
+    runtime, the precision, a draft model's pairing) is checked before either loads."""
     precision, device = precision_from_args(args)
+    check_draft_before_loading(
+        args.draft,
+        model_facts(args.target, args.runtime),
+        runtime=args.runtime,
+        quantize=precision.quantize,
+    )
     target = load_target(
         args.target,
         dtype=precision.dtype,
@@ -248,23 +257,11 @@ def print_warning(message: str) -> None:
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy"
-    )
-    parser.add_argument(
-        "--top-k", type=int, default=0, help="sample among the K most likely tokens; 0 = all"
-    )
-    parser.add_argument(
-        "--top-p", type=float, default=1.0, help="nucleus sampling mass; 1.0 = all tokens"
-    )
-    parser.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="seed of the request's random stream, for repeatable sampling (default: a fresh "
-        "seed from the OS)",
-    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 

@@ -32,6 +32,7 @@ from spectune.drafters.pairing import tree_drafter_for
 from spectune.drafters.tree import TreeShape
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
+from spectune.models.facts import model_facts
 from spectune.models.llamacpp import LLAMACPP
 from spectune.models.loading import DEFAULT_TARGET
 from spectune.models.machine import LoadMeter
@@ -189,6 +190,9 @@ def check_model_args(args: argparse.Namespace) -> None:
         raise InvalidParameterError(
             "token trees need a runtime with tree attention masks, not llamacpp (--runtime native)"
         )
+    refusal = model_facts(args.target, args.runtime).tree_refusal() if tree else None
+    if refusal is not None:
+        raise InvalidParameterError(refusal)
     if args.trace is not None:
         target = None if args.target == DEFAULT_TARGET else args.target
         inputs = [

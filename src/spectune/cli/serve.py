@@ -33,6 +33,7 @@ from spectune.control.config import PolicySpec
 from spectune.control.crossover import verify_curve_of
 from spectune.control.registry import build_policy
 from spectune.errors import InvalidParameterError
+from spectune.models.facts import model_facts
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
 from spectune.sampling import SamplingParams
@@ -60,6 +61,8 @@ GLOBAL_HISTORY_WARNING = (
 
 __all__ = ["register"]
 
+DEFAULT_MAX_BATCH = 16
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -80,19 +83,16 @@ def register(subparsers: Any) -> None:
         help="accept these keys too: one 'KEY TENANT' per line, each tenant's drafts kept "
         "apart from the others' (default: none)",
     )
-    parser.add_argument(
-        "--served-model-name",
-        help="the model name clients send (default: the target's file or folder name, "
-        "without .gguf)",
-    )
+    parser.add_argument("--served-model-name", help="the model name clients send")
     add_policy_args(parser)
+    parser.add_argument("--engine", choices=ENGINES, default="batch")
     parser.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default="batch",
-        help="batch: requests decoded together; sequential: one request at a time",
+        "--max-batch",
+        type=int,
+        default=None,
+        help=f"requests decoded together (default {DEFAULT_MAX_BATCH}; 1 for a target on the "
+        "transformers runtime, which decodes one sequence at a time: further requests queue)",
     )
-    parser.add_argument("--max-batch", type=int, default=16, help="requests decoded together")
     parser.add_argument(
         "--capacity", type=int, default=2048, help="most tokens per request (prompt + output)"
     )
@@ -129,26 +129,13 @@ def register(subparsers: Any) -> None:
         dest="spec_usage",
         action="store_false",
         help="leave the request's speculation counts out of responses' usage (they stay in "
-        "/metrics). Default: responses' usage carries them",
+        "/metrics)",
     )
     limits = parser.add_argument_group("limits")
-    limits.add_argument(
-        "--max-body-bytes", type=int, default=1 << 20, help="largest request body; more get a 413"
-    )
-    limits.add_argument(
-        "--max-prompt-tokens",
-        type=int,
-        default=None,
-        help="longest prompt; longer ones get a 400 (default: --capacity - 1, the most that "
-        "leaves room for one output token; must be below --capacity)",
-    )
+    limits.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    limits.add_argument("--max-prompt-tokens", type=int, default=4096)
     limits.add_argument("--max-tokens", type=int, default=1024, help="largest max_tokens")
-    limits.add_argument(
-        "--default-max-tokens",
-        type=int,
-        default=256,
-        help="max_tokens of a request that sets none (at most --max-tokens)",
-    )
+    limits.add_argument("--default-max-tokens", type=int, default=256)
     limits.add_argument(
         "--max-requests", type=int, default=64, help="running + queued; more get a 429"
     )
@@ -162,9 +149,7 @@ def register(subparsers: Any) -> None:
         "cuts the drain short)",
     )
     add_threads_arg(parser)
-    parser.add_argument(
-        "--log-level", default="info", choices=("debug", "info", "warning"), help="server log"
-    )
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
     parser.set_defaults(run=run)
 
 
@@ -209,14 +194,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise InvalidParameterError("--served-model-name must not be empty")
-    if args.max_prompt_tokens is None:
-        args.max_prompt_tokens = max(1, args.capacity - 1)  # --capacity is checked below
-    elif args.max_prompt_tokens >= args.capacity:
-        raise InvalidParameterError(
-            f"--max-prompt-tokens {args.max_prompt_tokens} leaves no room for output in "
-            f"--capacity {args.capacity} tokens per request: give a smaller one, or a larger "
-            "--capacity"
-        )
     spec = policy_spec_from_args(args)
     build_policy(spec)  # checks the options before loading models
     # One core stays with the request threads (the event loop, tokenising and streaming):
@@ -233,9 +210,10 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise InvalidParameterError(str(exc)) from exc
+    max_batch, args.batch_line = _max_batch(args)
     settings = EngineSettings(
         kind=args.engine,
-        max_batch=args.max_batch,
+        max_batch=max_batch,
         capacity=args.capacity,
         speculate_max_batch=args.speculate_max_batch,
         draft_deadline=args.draft_deadline or None,
@@ -304,7 +282,10 @@ def _serve(
     if drafters is not None and drafters.scope == "global":
         print_warning(GLOBAL_HISTORY_WARNING)
     print_notes(notes)
-    print(f"spectune: {startup_line(drafter, spec)}; engine {args.engine}", file=sys.stderr)
+    print(
+        f"spectune: {startup_line(drafter, spec)}; engine {args.engine}, {args.batch_line}",
+        file=sys.stderr,
+    )
     print(
         f"spectune: serving '{name}' (drafter {draft.name or 'none'}, policy {spec.name}, engine "
         f"{args.engine}, suffix history {_history_line(drafters, args.suffix_history_tokens)}) at "
@@ -319,6 +300,30 @@ def _serve(
         if trace is not None:
             trace.close()  # every request has written its end event by now
     return 0
+
+
+def _max_batch(args: argparse.Namespace) -> tuple[int, str]:
+    """``--max-batch``, or without it the most requests the target decodes together
+    (``DEFAULT_MAX_BATCH``; 1 on the transformers runtime, whose caches hold one sequence:
+    further requests queue), read from its metadata before it loads; and the start-up
+    line's words for it. The sequential engine gives each request its own cache."""
+    if args.max_batch is not None and args.max_batch < 1:
+        raise InvalidParameterError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.engine != "batch":
+        chosen = args.max_batch or DEFAULT_MAX_BATCH
+        return chosen, f"max batch {chosen}"
+    facts = model_facts(args.target, args.runtime)
+    if args.max_batch is not None:
+        refusal = facts.batch_refusal(args.max_batch)
+        if refusal is not None:
+            raise InvalidParameterError(refusal)
+        return args.max_batch, f"max batch {args.max_batch}"
+    if facts.batch_refusal(DEFAULT_MAX_BATCH) is None:
+        return DEFAULT_MAX_BATCH, f"max batch {DEFAULT_MAX_BATCH}"
+    chosen = facts.max_batch or 1
+    return chosen, (
+        f"max batch {chosen} ({facts.runs_on}, one sequence at a time; further requests queue)"
+    )
 
 
 def _history_line(drafters: RequestDrafters | None, tokens: int) -> str:

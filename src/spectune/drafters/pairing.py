@@ -14,6 +14,11 @@ Policies:
   unless the caller trusts its vocabulary (``trust_draft_vocab``, the CLI's
   ``--trust-draft-vocab``), which warns what was not checked. A distilled draft needs no
   tokenizer: it was trained on its target's token ids, and its folder names that target.
+
+What metadata answers (families, vocabulary sizes, special-token ids: ``identity_problems``,
+and the precision the draft must run at) is checked from the draft's header or config
+before any of its weights load (``check_draft_before_loading``); token strings, once its
+tokenizer is loaded.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -46,7 +52,8 @@ from spectune.errors import (
     ModelLoadError,
     SpectuneWarning,
 )
-from spectune.models.base import LanguageModel, ModelInfo, takes_tree_masks
+from spectune.models.base import LanguageModel, takes_tree_masks
+from spectune.models.facts import ModelFacts, model_facts
 from spectune.models.llama import COMPILED, LlamaLM
 from spectune.models.llamacpp import LLAMACPP
 from spectune.models.loading import load_model, resolve_model_path
@@ -60,10 +67,13 @@ __all__ = [
     "TARGET_PRECISIONS",
     "Loaded",
     "check_compatible",
+    "check_draft_before_loading",
     "compatibility_problems",
+    "draft_model_ref",
     "draft_tokenizer",
     "drafter_summary",
     "fresh_drafter",
+    "identity_problems",
     "is_suffix_spec",
     "load_drafter",
     "load_drafter_at",
@@ -159,13 +169,27 @@ def load_drafter_at(spec: str | None, target: Loaded, precision: str) -> Drafter
     return load_drafter(spec, target, dtype=chosen.dtype, quantize=chosen.quantize)
 
 
-def compatibility_problems(
-    target: ModelInfo,
-    target_tokenizer: Tokenizer,
-    draft: ModelInfo,
-    draft_tokenizer: Tokenizer | None,
-) -> list[str]:
-    """Every reason the draft cannot serve the target (empty: compatible)."""
+class ModelIdentity(Protocol):
+    """What pairing compares: a loaded model's ``ModelInfo`` or a file's ``ModelFacts``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def family(self) -> str: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def bos_token_id(self) -> int | None: ...
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def pad_token_id(self) -> int | None: ...
+
+
+def identity_problems(target: ModelIdentity, draft: ModelIdentity) -> list[str]:
+    """Every reason, among those metadata tells, that the draft cannot serve the target:
+    architecture families, vocabulary sizes (within ``MAX_VOCAB_DIFFERENCE``), BOS, pad and
+    EOS ids (empty: none)."""
     problems: list[str] = []
     if target.family != draft.family:
         problems.append(
@@ -189,6 +213,17 @@ def compatibility_problems(
                 f"EOS token ids differ (target {list(target.eos_token_ids)}, "
                 f"draft {list(draft.eos_token_ids)})"
             )
+    return problems
+
+
+def compatibility_problems(
+    target: ModelIdentity,
+    target_tokenizer: Tokenizer,
+    draft: ModelIdentity,
+    draft_tokenizer: Tokenizer | None,
+) -> list[str]:
+    """Every reason the draft cannot serve the target (empty: compatible)."""
+    problems = identity_problems(target, draft)
     if draft_tokenizer is not None and draft_tokenizer.kind != target_tokenizer.kind:
         problems.append(
             f"tokenizer types differ (target {target_tokenizer.kind}, draft {draft_tokenizer.kind})"
@@ -207,16 +242,64 @@ def compatibility_problems(
 
 
 def check_compatible(
-    target: ModelInfo,
+    target: ModelIdentity,
     target_tokenizer: Tokenizer,
-    draft: ModelInfo,
+    draft: ModelIdentity,
     draft_tokenizer: Tokenizer | None,
 ) -> None:
     problems = compatibility_problems(target, target_tokenizer, draft, draft_tokenizer)
     if problems:
-        raise IncompatibleModelsError(
-            f"draft '{draft.name}' cannot serve target '{target.name}': " + "; ".join(problems)
-        )
+        raise _incompatible(draft.name, target.name, problems)
+
+
+def _incompatible(draft: str, target: str, problems: list[str]) -> IncompatibleModelsError:
+    return IncompatibleModelsError(
+        f"draft '{draft}' cannot serve target '{target}': " + "; ".join(problems)
+    )
+
+
+def draft_model_ref(spec: str | None) -> str | None:
+    """The draft model a ``--draft`` spec loads (``suffix+DRAFT``'s DRAFT; ``hybrid``: the
+    shipped draft), or None for drafters without a model (none, ngram, suffix)."""
+    if spec is None or spec in ("none", "ngram"):
+        return None
+    if spec == "hybrid":
+        drafts = shipped_drafts()
+        return drafts[0] if drafts else None
+    if is_suffix_spec(spec):
+        return draft_model_ref(spec.partition("+")[2] or None)
+    return spec
+
+
+def check_draft_before_loading(
+    spec: str | None,
+    target: ModelIdentity,
+    *,
+    runtime: str = "auto",
+    quantize: QuantMode = "none",
+) -> None:
+    """Refuse, from metadata alone, the draft model of ``spec`` (``draft_model_ref``) that
+    cannot serve ``target`` (a loaded model's ``ModelInfo`` or the target's ``ModelFacts``,
+    so that this can run before either loads): ``identity_problems``, then a precision its
+    runtime lacks (``quantize``, the target's). Distilled drafts and feature heads, which
+    load in a moment and are checked against the loaded target, pass here."""
+    ref = draft_model_ref(spec)
+    if ref is not None:
+        _check_draft_model(resolve_model_path(ref), target, runtime, quantize)
+
+
+def _check_draft_model(
+    path: Path, target: ModelIdentity, runtime: str, quantize: QuantMode
+) -> None:
+    if read_draft_meta(path) is not None:
+        return
+    draft: ModelFacts = model_facts(path, runtime)
+    problems = identity_problems(target, draft)
+    if problems:
+        raise _incompatible(draft.name, target.name, problems)
+    refusal = draft.precision_refusal(quantize)
+    if refusal is not None:
+        raise ModelLoadError(f"the draft: {refusal}")
 
 
 def draft_tokenizer(path: Path) -> Tokenizer | None:
@@ -345,6 +428,7 @@ def load_drafter(
     if meta is not None and meta.kind == "feature":
         # A feature head shares the target's embedding and output rows, hence its tokenizer.
         return feature_drafter_from_folder(path, target.model)
+    _check_draft_model(path, target.model.info, runtime, quantize)
     model = load_model(
         path,
         dtype=dtype,
@@ -356,10 +440,7 @@ def load_drafter(
     tokenizer = draft_tokenizer(path)
     problems = pairing_problems(model, tokenizer, meta, target, trust_draft_vocab=trust_draft_vocab)
     if problems:
-        raise IncompatibleModelsError(
-            f"draft '{model.info.name}' cannot serve target '{target.model.info.name}': "
-            + "; ".join(problems)
-        )
+        raise _incompatible(model.info.name, target.model.info.name, problems)
     unchecked = unchecked_vocabulary(tokenizer, meta, target.model)
     if unchecked is not None:
         warnings.warn(

@@ -10,12 +10,18 @@ as an additive float mask over [prefix, chunk] with the tree's depth positions a
 (``move_slots``). That holds for models whose every layer attends to the full context with
 the eager or SDPA kernels (``tree_masks``); sliding-window layers (Gemma 3, Mistral) would
 lose their window under a custom mask, so such models say they cannot take trees.
+
+A GGUF file is de-quantised by transformers (about 2 minutes and 3 GB for Gemma 3 270M on
+two cores); the result is kept in spectune's cache as an HF folder of fp32 safetensors
+(``spectune.models.cache_dir``, kind ``gguf-hf``), which later starts load instead.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +30,10 @@ from torch import Tensor
 
 from spectune.errors import ModelLoadError, PromptError
 from spectune.models.base import ModelInfo, ModelOutput
+from spectune.models.cache_dir import derived_path
 from spectune.models.weights import check_weights
 
-__all__ = ["HFCache", "HFModel", "load_hf_model"]
+__all__ = ["HFCache", "HFModel", "converted_gguf_path", "load_hf_model"]
 
 
 class HFCache:
@@ -186,13 +193,13 @@ def load_hf_model(
     try:
         loaded: Any  # (model, {"missing_keys": [...], "unexpected_keys": [...], ...})
         if path.is_file():
-            loaded = AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, dtype=dtype, output_loading_info=True
-            )
+            loaded = _from_gguf(path, dtype)
         else:
             loaded = AutoModelForCausalLM.from_pretrained(
                 str(path), dtype=dtype, use_safetensors=True, output_loading_info=True
             )
+    except ModelLoadError:
+        raise
     except Exception as exc:  # transformers raises many types for bad folders
         raise ModelLoadError(f"cannot load {path} with transformers: {exc}") from exc
     model, report = loaded
@@ -208,3 +215,50 @@ def load_hf_model(
         strict=not allow_missing_weights,
     )
     return HFModel(model, name=path.stem if path.is_file() else path.name)
+
+
+def converted_gguf_path(path: Path) -> Path:
+    """Where the de-quantised form of the GGUF at ``path`` is kept (an HF folder; it exists
+    once a load has converted the file)."""
+    return derived_path(path, "gguf-hf")
+
+
+def _from_gguf(path: Path, dtype: torch.dtype) -> Any:
+    """``from_pretrained``'s (model, loading report) for a GGUF file: from the converted
+    folder where a load made one (a damaged one is converted again), else de-quantised
+    through transformers at fp32, saved there, then cast to ``dtype``."""
+    from transformers import AutoModelForCausalLM
+
+    cached = converted_gguf_path(path)
+    if (cached / "config.json").is_file():
+        try:
+            return AutoModelForCausalLM.from_pretrained(
+                str(cached), dtype=dtype, use_safetensors=True, output_loading_info=True
+            )
+        except Exception:  # damaged (transformers raises many types): convert again
+            shutil.rmtree(cached, ignore_errors=True)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32, output_loading_info=True
+    )
+    model, report = loaded
+    # Saved aside then renamed, so a concurrent reader never sees half a folder.
+    tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+    try:
+        _save_converted(model, tmp)
+        os.replace(tmp, cached)
+    except OSError:  # a read-only cache, or a concurrent writer: only costs speed
+        shutil.rmtree(tmp, ignore_errors=True)
+    return (model if dtype == torch.float32 else model.to(dtype)), report
+
+
+def _save_converted(model: Any, folder: Path) -> None:
+    """``model``'s config and weights as an HF folder (transformers' ``save_pretrained``
+    refuses a model loaded from a GGUF, so its parts are written one by one; tied weights
+    are stored once, as transformers ties them again on load)."""
+    from safetensors.torch import save_model
+
+    folder.mkdir(parents=True)
+    model.config.save_pretrained(str(folder))
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(str(folder))
+    save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})

