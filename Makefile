@@ -11,7 +11,7 @@ ifneq ($(shell grep -s -m1 AuthenticAMD /proc/cpuinfo),)
 export MKL_CBWR ?= AVX2
 endif
 
-.PHONY: setup demo test lint wording typecheck pytest results clean
+.PHONY: setup demo test lint wording typecheck pytest results docs clean
 
 setup: $(STAMP)
 
@@ -62,6 +62,11 @@ results: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
+# The manual's options tables, rewritten from the parsers (spectune.cli.manual); a test
+# fails while a page's table differs from its command's flags.
+docs: $(STAMP)
+	$(PY) -m spectune.cli.manual --docs docs
+
 
 # vLLM's own virtualenv (the CPU build, pinned), kept in the user cache and keyed by version
 # so every clone shares it; a second run costs nothing (scripts/setup-vllm.sh).

@@ -112,6 +112,7 @@ CLI_CASES: list[tuple[str, str]] = [
     ("serve --speculate-max-batch -1", "speculate_max_batch must be >= 0"),
     ("serve --max-body-bytes 0", "max_body_bytes must be >= 1"),
     ("serve --max-prompt-tokens 0", "max_prompt_tokens must be >= 1"),
+    ("serve --max-prompt-tokens 2048", "leaves no room for output in --capacity 2048"),
     ("serve --max-tokens 0", "max_tokens must be >= 1"),
     ("serve --default-max-tokens 0", "default_max_tokens must be in [1, max_tokens]"),
     ("serve --max-requests 0", "max_requests must be >= 1"),

@@ -20,8 +20,9 @@ from spectune.advise.verdict import CheckRow, Verdict
 
 __all__ = ["SCHEMA_VERSION", "Advice", "CandidateCheck", "ConfigResult"]
 
-# 2: position_acceptance per temperature and category; 3: machine.load over the run
-SCHEMA_VERSION = 3
+# 2: position_acceptance per temperature and category; 3: machine.load over the run;
+# 4: settings.measured_on (which engine measured what)
+SCHEMA_VERSION = 4
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.advise.advisor import AdviseSettings, advise
+from spectune.advise.engine import measured_on, stated
 from spectune.advise.report import checklist_table, config_table, plot, position_table
 from spectune.advise.schema import Advice
 from spectune.advise.traffic import load_traffic
@@ -197,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
     # Every setting is checked before minutes of loading.
     output_folder(args.out, "--out")
     per_category = _per_category(args)
+    measured = measured_on(args.engine, args.target, args.runtime)
+    args.runtime = measured.runtime  # llama.cpp's kernels for --engine llamacpp, where they run
     traffic = None if args.traces is None else load_traffic(args.traces, per_category)
     settings = _settings(args, () if traffic is None else traffic.temperatures)
     specs = list(args.draft or DEFAULT_DRAFTS)
@@ -242,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
             progress.update(tasks[step], completed=done)
 
         advice = advise(target, args.target, specs, prompts, settings, on_progress=on_progress)
-    _write(advice, args, console)
+    _write(stated(advice, measured, args.target), args, console)
     return 0
 
 

@@ -63,13 +63,20 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--prompts", type=Path, default=None, help="JSONL prompt file")
     parser.add_argument("--categories", default=None, help="comma-separated categories to keep")
-    parser.add_argument("--limit-per-category", type=int, default=None)
+    parser.add_argument(
+        "--limit-per-category",
+        type=int,
+        default=None,
+        help="prompts per category (default: every prompt of the split)",
+    )
     parser.add_argument(
         "--split", default="test", help="prompt split: test (held out, default), dev, or all"
     )
     parser.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,0.7")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per continuation")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs of each system on each prompt"
+    )
     parser.add_argument(
         "--dtype",
         action="append",
@@ -77,7 +84,8 @@ def register(subparsers: Any) -> None:
         default=None,
         help="repeatable: fp32, bf16, int8, int4 (weight-only kernels on the CPU), or "
         "llamacpp (the GGUF on llama.cpp's kernels, with llama.cpp's own decoding as anchors; "
-        "needs spectune[llamacpp])",
+        "needs spectune[llamacpp]); a precision with '+compile' also runs torch.compile "
+        "(default: fp32, the precision of the transformers anchors)",
     )
     add_device_arg(parser)
     parser.add_argument("--k", default="1,2,4,6,8", help="fixed Ks, comma-separated")
@@ -100,11 +108,24 @@ def register(subparsers: Any) -> None:
         default=",".join(SYSTEM_KEYS),
         help="comma-separated: " + "; ".join(f"{k}: {v}" for k, v in SYSTEM_KEYS.items()),
     )
-    parser.add_argument("--prompt-lookup-tokens", type=int, default=10)
-    parser.add_argument("--budget-minutes", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--prompt-lookup-tokens",
+        type=int,
+        default=10,
+        help="draft length of transformers' own prompt lookup, the n-gram anchor",
+    )
+    parser.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=None,
+        help="fit the run into this many minutes by dropping prompts and repeats, as the "
+        "run's notes say (default: no limit)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampled runs")
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-results"), help="folder for the results"
+    )
+    parser.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     parser.add_argument(
         "--readme",
         type=Path,

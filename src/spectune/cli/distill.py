@@ -115,8 +115,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--cache-dir",
         type=Path,
-        default=Path(os.environ.get("SPECTUNE_CACHE", "~/.cache/spectune")).expanduser()
-        / "distill",
+        default=None,
+        help="where the target's continuations and features are cached and reused (default: "
+        "$SPECTUNE_CACHE/distill, SPECTUNE_CACHE defaulting to ~/.cache/spectune)",
     )
     parser.add_argument("--steps", type=int, default=None, help="budget: optimizer steps")
     parser.add_argument("--tokens", type=int, default=None, help="budget: training positions")
@@ -249,6 +250,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("--vocab-size must be >= 1")
     inputs = [("--answers", args.answers), *(("--corpus", path) for path in args.corpus)]
     output_folder(args.out, "--out", inputs)
+    if args.cache_dir is None:
+        args.cache_dir = Path(os.environ.get("SPECTUNE_CACHE", "~/.cache/spectune")).expanduser()
+        args.cache_dir /= "distill"
     output_folder(args.cache_dir, "--cache-dir", inputs)
     # Every setting is checked (by its dataclass) before the target loads.
     plan = CorpusPlan(

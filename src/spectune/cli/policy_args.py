@@ -24,7 +24,9 @@ def add_policy_args(parser: argparse.ArgumentParser, *, trace: bool = True) -> N
         "--k",
         type=int,
         default=None,
-        help="draft tokens per step: fixed K for --policy fixed, else the initial K (4)",
+        help="draft tokens per step: fixed K for --policy fixed, else the policy's largest "
+        "starting K (initial_k, default 4): threshold starts there; cost starts at the K in "
+        "1..initial_k that the machine's verification curve predicts best (often 1-3 on a CPU)",
     )
     parser.add_argument(
         "--policy",

@@ -10,6 +10,7 @@ and what the engine will load differently from spectune goes into ``notes``.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "Setup",
     "TargetProblem",
     "prepare",
+    "plain_command",
     "setup_refusal",
     "target_path",
 ]
@@ -62,6 +64,20 @@ def target_path(target: str | None) -> str:
         return str(resolve_model_path(target).resolve())
     except ModelLoadError:
         return target
+
+
+def plain_command(engine: str, target: str | None) -> str:
+    """The command that serves ``target`` on ``engine`` without speculation: the next step
+    of a verdict not to speculate."""
+    path = target_path(target)
+    return shlex.join(
+        {
+            "spectune": ["spectune", "serve", "--target", target or path, "--draft", "none"],
+            "vllm": ["vllm", "serve", path],
+            "sglang": ["python", "-m", "sglang.launch_server", "--model-path", path],
+            "llamacpp": ["llama-server", "--model", path],
+        }[engine]
+    )
 
 
 def setup_refusal(
