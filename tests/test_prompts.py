@@ -102,6 +102,7 @@ def test_user_file_with_unknown_category_and_prompt_shorthand(tmp_path: Path) ->
         category="poetry",
         messages=({"role": "user", "content": "Write a limerick about a cat."},),
         split="test",
+        plain=True,  # the prompt form: plain text, no chat template
     )
     assert second.id == "x-1" and second.category == "translation"
 
@@ -111,7 +112,7 @@ def test_user_file_with_unknown_category_and_prompt_shorthand(tmp_path: Path) ->
     [
         ('{"category": "qa", "prompt": "hi"', "not valid JSON"),
         ('["a list"]', "expected a JSON object"),
-        ('{"prompt": "hi"}', "'category' must be a non-empty string"),
+        ('{"category": 3, "prompt": "hi"}', "'category' must be a non-empty string"),
         ('{"category": "", "prompt": "hi"}', "'category' must be a non-empty string"),
         ('{"category": "qa", "messages": []}', "'messages' must be a non-empty list"),
         ('{"category": "qa", "messages": [{"role": "robot", "content": "hi"}]}', "role 'robot'"),
@@ -123,6 +124,8 @@ def test_user_file_with_unknown_category_and_prompt_shorthand(tmp_path: Path) ->
         ),
         ('{"category": "qa", "prompt": 3}', "'prompt' must be a non-empty string"),
         ('{"category": "qa"}', "needs 'messages'"),
+        ('{"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}', "not both"),
+        ('{"prompt": "\\ud800"}', "'prompt' is not valid UTF-8"),
         ('{"category": "qa", "prompt": "hi", "split": 1}', "'split'"),
         ('{"id": "x-0", "category": "qa", "prompt": "again"}', "duplicate id 'x-0'"),
     ],

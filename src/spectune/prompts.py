@@ -1,19 +1,26 @@
 """Evaluation prompt sets: the shipped one and any JSONL a user brings in the same shape.
 
-One JSON object per line. The full form is a chat::
+One JSON object per line, either a chat::
 
     {"id": "translation-03", "category": "translation", "split": "test",
      "messages": [{"role": "user", "content": "..."}]}
 
-where ``messages`` alternates roles freely but must end with a user turn (the model answers
-it). The short form ``{"category": "...", "prompt": "..."}`` is one user message. ``id`` and
-``split`` are optional: a missing id becomes ``<category>-<line>``, a missing split ``"test"``.
-Categories are free text, so users' own sets load as well as the shipped one, whose first six
+where ``messages`` alternates roles (system, user, assistant) freely but must end with a
+user turn (the model answers it), or a plain prompt ``{"prompt": "..."}``: text the model
+continues as it stands, with no chat template (as ``/v1/completions`` and ``spectune
+generate PROMPT`` take it). ``category``, ``id`` and ``split`` are optional: a missing
+category is ``default``, a missing id ``<category>-<line>``, a missing split ``"test"``;
+other keys are ignored. Categories are free text, so users' own sets load as well as the
+shipped one, whose first six
 categories mirror Spec-Bench (multi-turn chat, translation, summarization, question answering,
 math reasoning, retrieval-augmented answering); a seventh, ``code`` (writing, fixing and
 explaining Python, JavaScript, SQL and bash), tests the rule that code is accepted less
 often than chat. The shipped set marks 5 prompts per category
 ``"dev"`` (for tuning) and keeps the rest ``"test"`` (held out, for reported numbers).
+
+A chat is encoded with the model's chat template, or the one ``--chat-template`` names
+(``prompt_encoding``); on a model without one, the commands that measure on a prompt set
+run its chats as plain prompts (the messages' contents joined by blank lines) and say so.
 
 Every line is validated before anything is returned; a bad line raises ``PromptError`` naming
 ``file:line`` and the reason, so a benchmark never dies halfway through a user's file.
@@ -29,9 +36,18 @@ from pathlib import Path
 from typing import Any
 
 from spectune.errors import PromptError
-from spectune.models.tokenizer import Tokenizer
+from spectune.models.chat_templates import PLAIN, ChatTemplate
+from spectune.models.tokenizer import Tokenizer, check_text
 
-__all__ = ["CATEGORIES", "EvalPrompt", "default_prompts_path", "load_prompts"]
+__all__ = [
+    "CATEGORIES",
+    "PLAIN_CHATS_NOTE",
+    "EvalPrompt",
+    "PromptEncoding",
+    "default_prompts_path",
+    "load_prompts",
+    "prompt_encoding",
+]
 
 CATEGORIES: tuple[str, ...] = (
     "multi_turn_chat",
@@ -44,20 +60,60 @@ CATEGORIES: tuple[str, ...] = (
 )
 
 _ROLES = frozenset({"system", "user", "assistant"})
+DEFAULT_CATEGORY = "default"
+PLAIN_CHATS_NOTE = (
+    "this model has no chat template: the prompt set's chats run as plain prompts (each "
+    "chat's messages as one text); --chat-template FILE|NAME applies a template"
+)
 
 
 @dataclass(frozen=True)
 class EvalPrompt:
-    """One evaluation prompt: a chat that ends with the user turn the model must answer."""
+    """One evaluation prompt: a chat that ends with the user turn the model must answer,
+    or (``plain``) a text the model continues, held as one user message in ``messages``
+    for consumers that send every prompt as a chat."""
 
     id: str
     category: str
     messages: tuple[dict[str, str], ...]
     split: str = "test"
+    plain: bool = False  # the ``prompt`` form: no chat template
 
     def tokens(self, tokenizer: Tokenizer) -> list[int]:
-        """Prompt token ids with the model's chat template and generation prompt applied."""
+        """Prompt token ids: a chat through the tokenizer's chat template (with the
+        generation prompt), a plain prompt as a raw prompt (special-token text stays text)."""
+        if self.plain:
+            return tokenizer.encode(self.messages[0]["content"])
         return tokenizer.encode_chat([dict(m) for m in self.messages])
+
+
+@dataclass(frozen=True)
+class PromptEncoding:
+    """How a prompt set's chats become tokens: the tokenizer to call ``EvalPrompt.tokens``
+    with, the format records name (``plain`` or ``chat:<template>``), and the line that
+    says a model without a chat template runs them as plain prompts (None otherwise)."""
+
+    tokenizer: Tokenizer
+    format: str
+    note: str | None = None
+
+
+def prompt_encoding(
+    tokenizer: Tokenizer, template: ChatTemplate | None, prompts: Iterable[EvalPrompt] = ()
+) -> PromptEncoding:
+    """``template`` (``--chat-template``) where given, else the model's own; a model
+    without one runs the chats as plain prompts, with the note that says so. A set of
+    plain prompts only is ``plain`` whatever the template."""
+    has_chats = any(not p.plain for p in prompts)
+    note = None
+    if template is not None:
+        tokenizer = tokenizer.with_chat_template(template)
+    elif not tokenizer.has_chat_template:
+        tokenizer = tokenizer.with_chat_template(PLAIN)
+        note = PLAIN_CHATS_NOTE if has_chats else None
+    chosen = tokenizer.chat_template
+    assert chosen is not None  # chosen above or the model's own
+    return PromptEncoding(tokenizer, chosen.label if has_chats else "plain", note)
 
 
 def default_prompts_path() -> Path:
@@ -141,19 +197,22 @@ def _parse_line(line: str, where: str, number: int) -> EvalPrompt:
     if not isinstance(record, dict):
         raise PromptError(f"{where}: expected a JSON object, got {type(record).__name__}")
 
-    category = record.get("category")
+    category = record.get("category", DEFAULT_CATEGORY)
     if not isinstance(category, str) or not category.strip():
         raise PromptError(f"{where}: 'category' must be a non-empty string")
 
+    if "messages" in record and "prompt" in record:
+        raise PromptError(f"{where}: give 'messages' (a chat) or 'prompt' (plain text), not both")
     if "messages" in record:
         messages = _parse_messages(record["messages"], where)
     elif "prompt" in record:
         prompt = record["prompt"]
         if not isinstance(prompt, str) or not prompt.strip():
             raise PromptError(f"{where}: 'prompt' must be a non-empty string")
+        check_text(prompt, f"{where}: 'prompt'")
         messages = ({"role": "user", "content": prompt},)
     else:
-        raise PromptError(f"{where}: needs 'messages' (a chat) or 'prompt' (a string)")
+        raise PromptError(f"{where}: needs 'messages' (a chat) or 'prompt' (plain text)")
 
     prompt_id = record.get("id", f"{category}-{number}")
     if not isinstance(prompt_id, str) or not prompt_id:
@@ -161,7 +220,13 @@ def _parse_line(line: str, where: str, number: int) -> EvalPrompt:
     split = record.get("split", "test")
     if not isinstance(split, str) or not split:
         raise PromptError(f"{where}: 'split' must be a non-empty string")
-    return EvalPrompt(id=prompt_id, category=category, messages=messages, split=split)
+    return EvalPrompt(
+        id=prompt_id,
+        category=category,
+        messages=messages,
+        split=split,
+        plain="messages" not in record,
+    )
 
 
 def _parse_messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
@@ -178,6 +243,7 @@ def _parse_messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
             )
         if not isinstance(content, str) or not content.strip():
             raise PromptError(f"{where}: message {index} needs non-empty string 'content'")
+        check_text(content, f"{where}: message {index}'s content")
         messages.append({"role": role, "content": content})
     if messages[-1]["role"] != "user":
         raise PromptError(f"{where}: the last message must be from the user (the model answers it)")

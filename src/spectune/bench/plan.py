@@ -61,6 +61,7 @@ class BenchConfig:
     seed: int = 0
     prompt_lookup_tokens: int = 10
     budget_minutes: float | None = None
+    prompt_format: str = "chat:model"  # how the prompts were encoded (PromptEncoding.format)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.systems) - set(SYSTEM_KEYS))
@@ -109,7 +110,7 @@ def parse_tree_shape(text: str) -> tuple[int, int]:
 class BenchPrompt:
     id: str
     category: str
-    tokens: tuple[int, ...]  # chat template applied
+    tokens: tuple[int, ...]  # chat template applied (a plain prompt: none)
 
 
 def load_bench_prompts(
@@ -120,7 +121,7 @@ def load_bench_prompts(
     split: str | None = "test",
     limit_per_category: int | None = None,
 ) -> list[BenchPrompt]:
-    """Prompts as token ids (chat template applied), in file order, through
+    """Prompts as token ids (``EvalPrompt.tokens`` with ``tokenizer``), in file order, through
     ``spectune.prompts`` (the shipped set when ``path`` is None). The shipped set's ``test``
     split is held out from tuning, so reported numbers use it by default."""
     if limit_per_category is not None and limit_per_category < 1:

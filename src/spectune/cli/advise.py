@@ -5,6 +5,7 @@ the export for the chosen engine)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ from spectune.advise.report import checklist_table, config_table, plot, position
 from spectune.advise.schema import Advice
 from spectune.advise.traffic import load_traffic
 from spectune.cli.common import (
+    add_chat_template_arg,
     add_precision_args,
     add_runtime_arg,
     add_threads_arg,
+    chat_template_from_args,
     precision_from_args,
     print_notes,
     set_threads,
@@ -32,7 +35,7 @@ from spectune.engines.export import export, refusal_of_draft, target_refusal
 from spectune.engines.names import engine_arg
 from spectune.engines.tuned import Tuning
 from spectune.errors import InvalidParameterError, PromptError
-from spectune.prompts import load_prompts
+from spectune.prompts import PromptEncoding, load_prompts, prompt_encoding
 
 __all__ = ["register"]
 
@@ -81,6 +84,7 @@ def register(subparsers: Any) -> None:
         "--trace), one category per file, at the temperatures it was served at",
     )
     parser.add_argument("--split", default="test", help="prompt split (dev, test, or 'all')")
+    add_chat_template_arg(parser, "the prompts' chats (on a model without one they run plain)")
     parser.add_argument(
         "--limit-per-category",
         dest="per_category",
@@ -197,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
 
     # Every setting is checked before minutes of loading.
     output_folder(args.out, "--out")
+    if args.traces is not None and args.chat_template is not None:
+        raise InvalidParameterError("--chat-template applies to --prompts, not to --traces")
     per_category = _per_category(args)
     measured = measured_on(args.engine, args.target, args.runtime)
     args.runtime = measured.runtime  # llama.cpp's kernels for --engine llamacpp, where they run
@@ -204,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args, () if traffic is None else traffic.temperatures)
     specs = list(args.draft or DEFAULT_DRAFTS)
     check_candidate_paths(specs)
+    template = chat_template_from_args(args)
     notes: list[str] = []
     if args.engine != "spectune":
         specs = _exportable(specs, args, notes)
@@ -221,12 +228,14 @@ def run(args: argparse.Namespace) -> int:
         device=settings.device,
         runtime=args.runtime,
     )
+    encoding: PromptEncoding | None = None  # recorded traffic is token ids already
     if traffic is not None:
         traffic.check(target.model.info.name, target.model.info.vocab_size)
         prompts = traffic.prompts
         notes.extend(traffic.notes)
     else:
-        prompts = [(p.id, p.category, p.tokens(target.tokenizer)) for p in chosen]
+        encoding = prompt_encoding(target.tokenizer, template, chosen)
+        prompts = [(p.id, p.category, p.tokens(encoding.tokenizer)) for p in chosen]
     curve_for_this_machine(target.model, report=notes.append)  # a hybrid prices trees with it
     print_notes(notes)
     console = Console() if sys.stdout.isatty() else Console(width=140)
@@ -245,8 +254,18 @@ def run(args: argparse.Namespace) -> int:
             progress.update(tasks[step], completed=done)
 
         advice = advise(target, args.target, specs, prompts, settings, on_progress=on_progress)
+    if encoding is not None:
+        advice = _with_prompt_format(advice, encoding)
     _write(stated(advice, measured, args.target), args, console)
     return 0
+
+
+def _with_prompt_format(advice: Advice, encoding: PromptEncoding) -> Advice:
+    """The prompt format in the record's settings; a model without a chat template, whose
+    chats ran as plain prompts, in its notes too."""
+    notes = advice.notes if encoding.note is None else (encoding.note, *advice.notes)
+    settings = {**advice.settings, "prompt_format": encoding.format}
+    return dataclasses.replace(advice, settings=settings, notes=notes)
 
 
 def _exportable(specs: list[str], args: argparse.Namespace, notes: list[str]) -> list[str]:

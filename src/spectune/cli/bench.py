@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import shlex
 from pathlib import Path
 from typing import Any
 
-from spectune.cli.common import add_threads_arg, set_threads
+from spectune.cli.common import (
+    add_chat_template_arg,
+    add_threads_arg,
+    chat_template_from_args,
+    set_threads,
+)
 from spectune.cli.common import parse_numbers as _numbers
 from spectune.cli.paths import output_file, output_folder
 
@@ -72,6 +78,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--split", default="test", help="prompt split: test (held out, default), dev, or all"
     )
+    add_chat_template_arg(parser, "the prompts' chats (on a model without one they run plain)")
     parser.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,0.7")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per continuation")
     parser.add_argument(
@@ -193,6 +200,8 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--draft", draft]
     if args.prompts is not None:
         parts += ["--prompts", str(args.prompts)]
+    if args.chat_template is not None:
+        parts += ["--chat-template", args.chat_template]
     parts += ["--device", args.device]
     for flag in ("categories", "limit_per_category", "budget_minutes", "threads"):
         value = getattr(args, flag)
@@ -223,8 +232,13 @@ def run(args: argparse.Namespace) -> int:
     from spectune.bench.compare import load_baseline
     from spectune.bench.plan import load_bench_prompts
     from spectune.bench.suite import run_suite
+    from spectune.prompts import load_prompts, prompt_encoding
 
     config = config_from_args(args)
+    template = chat_template_from_args(args)
+    categories = _names(args.categories) if args.categories else None
+    split = None if args.split == "all" else args.split
+    records = load_prompts(args.prompts, categories=categories, split=split)  # before loading
     if args.readme is not None:
         from spectune.bench.readme import results_block
 
@@ -247,13 +261,18 @@ def run(args: argparse.Namespace) -> int:
                 workbench, loaded = load_workbench(config, dtype, Path(scratch) / dtype)
             workbenches.append(workbench)
             if prompts is None:
+                encoding = prompt_encoding(loaded.tokenizer, template, records)
                 prompts = load_bench_prompts(
-                    loaded.tokenizer,
+                    encoding.tokenizer,
                     args.prompts,
-                    categories=_names(args.categories) if args.categories else None,
-                    split=None if args.split == "all" else args.split,
+                    categories=categories,
+                    split=split,
                     limit_per_category=args.limit_per_category,
                 )
+                config = dataclasses.replace(config, prompt_format=encoding.format)
+                if encoding.note is not None:
+                    console.print(f"note: {encoding.note}")
+                    workbench.notes.append(encoding.note)  # results.json's notes
         assert prompts is not None  # at least one dtype
         data = run_suite(
             config,

@@ -23,6 +23,7 @@ from spectune.drafters.pairing import (
     shipped_suffix_serves,
 )
 from spectune.errors import InvalidParameterError
+from spectune.models.chat_templates import BUILTIN_TEMPLATES, ChatTemplate, resolve_chat_template
 from spectune.models.devices import DEVICES, resolve_device
 from spectune.models.facts import model_facts
 from spectune.models.llamacpp import LLAMACPP
@@ -34,12 +35,14 @@ from spectune.sampling import SamplingParams
 
 __all__ = [
     "DTYPE_HELP",
+    "add_chat_template_arg",
     "add_device_arg",
     "add_model_args",
     "add_precision_args",
     "add_runtime_arg",
     "add_sampling_args",
     "auto_precision",
+    "chat_template_from_args",
     "load_models",
     "parse_numbers",
     "parse_precision",
@@ -127,6 +130,25 @@ def add_threads_arg(parser: argparse.ArgumentParser) -> None:
         help="CPU threads for torch and llama.cpp, fixed (default: OMP_NUM_THREADS where "
         "set, else the cores that other processes leave idle, followed while decoding)",
     )
+
+
+def add_chat_template_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--chat-template FILE|NAME``; read it with ``chat_template_from_args``."""
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE|NAME",
+        default=None,
+        help=f"the chat template for {what}: a Jinja file, or one of "
+        f"{', '.join(sorted(BUILTIN_TEMPLATES))} (plain: the messages' text as it stands). "
+        "Default: the model's own",
+    )
+
+
+def chat_template_from_args(args: argparse.Namespace) -> ChatTemplate | None:
+    """``--chat-template`` as a checked template (None: the model's own); a missing or broken
+    file is a one-line error here, before any model loads."""
+    value = getattr(args, "chat_template", None)
+    return None if value is None else resolve_chat_template(value)
 
 
 def set_threads(threads: int | None, *, reserve: int = 0) -> None:

@@ -9,10 +9,12 @@ import time
 from typing import Any
 
 from spectune.cli.common import (
+    add_chat_template_arg,
     add_compile_arg,
     add_model_args,
     add_sampling_args,
     add_threads_arg,
+    chat_template_from_args,
     load_models,
     print_notes,
     print_warning,
@@ -32,11 +34,12 @@ from spectune.drafters.pairing import tree_drafter_for
 from spectune.drafters.tree import TreeShape
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
-from spectune.models.facts import model_facts
+from spectune.models.chat_templates import ChatTemplate
+from spectune.models.facts import chat_template_known, model_facts
 from spectune.models.llamacpp import LLAMACPP
 from spectune.models.loading import DEFAULT_TARGET
 from spectune.models.machine import LoadMeter
-from spectune.models.tokenizer import Tokenizer, check_text
+from spectune.models.tokenizer import NO_CHAT_TEMPLATE, Tokenizer, check_text
 from spectune.monitor.hub import Monitor, RequestMonitor
 from spectune.monitor.trace import TraceWriter
 from spectune.sampling import SamplingParams
@@ -49,6 +52,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("prompt", nargs="?", help="raw prompt text (no chat template)")
     parser.add_argument("--chat", help="a user message, sent through the model's chat template")
     parser.add_argument("--system", help="system message for --chat")
+    add_chat_template_arg(parser, "--chat and --system")
     parser.add_argument(
         "--allow-special-tokens",
         action="store_true",
@@ -158,6 +162,8 @@ def check_prompt_args(args: argparse.Namespace) -> None:
         raise InvalidParameterError("give a raw prompt or --chat, not both")
     if args.chat is None and args.system is not None:
         raise InvalidParameterError("--system needs --chat")
+    if args.chat is None and args.chat_template is not None:
+        raise InvalidParameterError("--chat-template needs --chat (a raw prompt takes no template)")
     if args.chat is not None and args.allow_special_tokens:
         raise InvalidParameterError(
             "--allow-special-tokens applies to raw prompts; --chat text is always plain text"
@@ -175,6 +181,15 @@ def check_prompt_args(args: argparse.Namespace) -> None:
     ):
         if text is not None:
             check_text(text, name)
+
+
+def chat_template_for(args: argparse.Namespace) -> ChatTemplate | None:
+    """``--chat-template`` checked; a ``--chat`` on a model whose metadata holds no
+    template, without one, is refused here, before any weight loads."""
+    template = chat_template_from_args(args)
+    if args.chat is not None and template is None and chat_template_known(args.target) is False:
+        raise PromptError(NO_CHAT_TEMPLATE)
+    return template
 
 
 def check_model_args(args: argparse.Namespace) -> None:
@@ -206,6 +221,7 @@ def check_model_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     check_prompt_args(args)
     check_model_args(args)
+    template = chat_template_for(args)
     spec = policy_spec_from_args(args)
     params = sampling_from_args(args)
     build_policy(spec, params=params)  # checks the options before loading models
@@ -215,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     policy = build_policy(spec, params=params, cost_curve=verify_curve_of(target.model))
     if args.tree_width is not None or args.tree_nodes is not None:
         drafter = tree_drafter(drafter, target.model, args)
-    prompt = prompt_tokens(args, target.tokenizer)
+    prompt = prompt_tokens(args, target.tokenizer.with_chat_template(template))
     trace = TraceWriter(args.trace) if args.trace else None  # a bad path fails before output
     print_notes(notes)
     print(f"spectune: {startup_line(drafter, spec)}", file=sys.stderr, flush=True)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
 from spectune.cli.common import (
+    add_chat_template_arg,
     add_precision_args,
     add_runtime_arg,
     add_threads_arg,
+    chat_template_from_args,
     precision_from_args,
     print_notes,
     set_threads,
@@ -20,7 +23,7 @@ from spectune.control.crossover import curve_for_this_machine
 from spectune.drafters.pairing import is_suffix_spec, load_target
 from spectune.errors import InvalidParameterError
 from spectune.models.loading import resolve_model_path
-from spectune.prompts import load_prompts
+from spectune.prompts import load_prompts, prompt_encoding
 from spectune.select.report import render_notes, render_table, write_report
 from spectune.select.selector import SelectSettings, select
 
@@ -49,6 +52,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--prompts", default=None, help="prompt JSONL (default: the built-in set)")
     parser.add_argument("--split", default="test", help="prompt split (dev, test, or 'all')")
+    add_chat_template_arg(parser, "the prompts' chats (on a model without one they run plain)")
     parser.add_argument(
         "--limit-per-category",
         "--per-category",
@@ -110,6 +114,12 @@ def run(args: argparse.Namespace) -> int:
         trust_draft_vocab=args.trust_draft_vocab,
     )
     check_candidate_paths(args.candidates)
+    template = chat_template_from_args(args)
+    chosen = load_prompts(  # a bad file fails before the target loads
+        args.prompts,
+        split=None if args.split == "all" else args.split,
+        limit_per_category=args.per_category,
+    )
     set_threads(args.threads)
     target = load_target(
         args.target,
@@ -118,14 +128,11 @@ def run(args: argparse.Namespace) -> int:
         device=device,
         runtime=args.runtime,
     )
-    chosen = load_prompts(
-        args.prompts,
-        split=None if args.split == "all" else args.split,
-        limit_per_category=args.per_category,
-    )
-    prompts = [(p.id, p.category, p.tokens(target.tokenizer)) for p in chosen]
+    encoding = prompt_encoding(target.tokenizer, template, chosen)
+    prompts = [(p.id, p.category, p.tokens(encoding.tokenizer)) for p in chosen]
+    settings = dataclasses.replace(settings, prompt_format=encoding.format)
     # Before the candidates load: a hybrid prices its merged trees with this machine's curve.
-    notes: list[str] = []
+    notes: list[str] = [] if encoding.note is None else [encoding.note]
     curve_for_this_machine(target.model, report=notes.append)
     print_notes(notes)
     # Piped output gets rich's 80 columns, too narrow for the table: widen it there.

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spectune.cli.common import (
+    add_chat_template_arg,
     add_model_args,
     add_threads_arg,
+    chat_template_from_args,
     load_models,
     precision_from_args,
     print_notes,
@@ -59,6 +61,11 @@ GLOBAL_HISTORY_WARNING = (
     "generated for another client (docs/serving.md, Multi-tenant serving)"
 )
 
+NO_TEMPLATE_NOTE = (
+    "this model has no chat template: /v1/chat/completions answers 400; send plain prompts "
+    "to /v1/completions, or start serve with --chat-template FILE|NAME"
+)
+
 __all__ = ["register"]
 
 DEFAULT_MAX_BATCH = 16
@@ -84,6 +91,7 @@ def register(subparsers: Any) -> None:
         "apart from the others' (default: none)",
     )
     parser.add_argument("--served-model-name", help="the model name clients send")
+    add_chat_template_arg(parser, "/v1/chat/completions")
     add_policy_args(parser)
     parser.add_argument("--engine", choices=ENGINES, default="batch")
     parser.add_argument(
@@ -191,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     check_drain_seconds(args.drain_seconds)
     keys = _keys(args)
     args.keys, args.history_scope = keys, _history_scope(args, keys)
+    args.template = chat_template_from_args(args)
 
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise InvalidParameterError("--served-model-name must not be empty")
@@ -253,10 +262,13 @@ def _serve(
     # The file or folder name reads better than GGUF metadata names (which hold spaces).
     path = target.path
     name = args.served_model_name or (path.stem if path.is_file() else path.name)
+    tokenizer = target.tokenizer.with_chat_template(args.template)
+    if not tokenizer.has_chat_template:
+        notes.append(NO_TEMPLATE_NOTE)
     served = ServedModel(
         name,
         target.model,
-        target.tokenizer,
+        tokenizer,
         drafter=draft.name,
         aliases=(args.target, target.model.info.name),
     )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune.cli.common import (
+    add_chat_template_arg,
     add_model_args,
     add_threads_arg,
     parse_numbers,
@@ -37,8 +38,6 @@ from spectune.cli.paths import distinct_outputs, output_file, write_text
 from spectune.cli.tune_llamacpp import add_args as add_llamacpp_args
 from spectune.cli.tune_llamacpp import run_llamacpp
 from spectune.cli.tune_report import print_summary, report_data, report_markdown
-from spectune.cli.tune_vllm import add_args as add_vllm_args
-from spectune.cli.tune_vllm import run_vllm
 from spectune.control.config import PolicySpec, load_policy_file
 from spectune.control.crossover import runtime_of
 from spectune.control.tune import TuneResult, params_spec, policy_toml
@@ -65,6 +64,7 @@ def register(subparsers: Any) -> None:
     )
     add_model_args(parser)
     parser.add_argument("--prompts", type=Path, default=None, help="JSONL prompt file")
+    add_chat_template_arg(parser, "the prompts' chats (on a model without one they run plain)")
     parser.add_argument("--categories", default=None, help="comma-separated categories to keep")
     parser.add_argument(
         "--limit-per-category", type=int, default=2, help="dev prompts per category (2)"
@@ -95,7 +95,6 @@ def register(subparsers: Any) -> None:
         "--report", type=Path, default=None, help="markdown report (default: OUT with .md)"
     )
     add_llamacpp_args(parser)
-    add_vllm_args(parser)
     parser.set_defaults(run=run)
 
 
@@ -108,6 +107,8 @@ def check_args(args: argparse.Namespace) -> tuple[float, ...]:
         raise InvalidParameterError(
             "give --trace files to replay, or --draft/--prompts to decode, not both"
         )
+    if args.trace and args.chat_template is not None:
+        raise InvalidParameterError("--chat-template applies to --prompts, not to --trace files")
     temperatures = parse_numbers(args.temperatures, float, "--temperatures")
     for temperature in temperatures:
         SamplingParams(temperature=temperature)  # its own range check
@@ -177,9 +178,12 @@ def run(args: argparse.Namespace) -> int:
     from spectune.control.workload import fit_costs, fit_workload
 
     if args.engine == "llamacpp":
+        if args.chat_template is not None:
+            raise InvalidParameterError(
+                "--chat-template applies to spectune's engine; llama-server applies the "
+                "model's own chat template"
+            )
         return run_llamacpp(args)
-    if args.engine == "vllm":
-        return run_vllm(args)
     args.out = args.out or Path("tuned-policy.toml")
     temperatures = check_args(args)
     console = Console()  # progress and notes on stdout: stderr keeps one line per error
@@ -203,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         recording = _Recording(args, temperatures, console)
         requests, costs = recording.record()
         workload = fit_workload(requests, seed=args.seed)
-        notes = []
+        notes = list(recording.notes)
         context = recording.context()
     result = _search(workload, costs, console)
     spec = params_spec(result.best)
@@ -246,13 +250,15 @@ class _Recording:
     def __init__(self, args: argparse.Namespace, temperatures: tuple[float, ...], console: Any):
 
         from spectune.bench.plan import load_bench_prompts
-        from spectune.cli.common import load_models
-        from spectune.prompts import load_prompts
+        from spectune.cli.common import chat_template_from_args, load_models
+        from spectune.prompts import load_prompts, prompt_encoding
 
         categories = (
             tuple(c.strip() for c in args.categories.split(",")) if args.categories else None
         )
-        load_prompts(args.prompts, categories=categories)  # a bad file fails before models load
+        template = chat_template_from_args(args)
+        # A bad file fails before models load.
+        records = load_prompts(args.prompts, categories=categories)
         self.args = args
         self.temperatures = temperatures
         self.console = console
@@ -262,7 +268,11 @@ class _Recording:
         if drafter is None:
             raise InvalidParameterError("tuning needs a drafter (--draft)")
         self.drafter = drafter
-        tokenizer = self.target.tokenizer
+        encoding = prompt_encoding(self.target.tokenizer, template, records)
+        tokenizer = encoding.tokenizer
+        self.prompt_format = encoding.format
+        self.notes = [] if encoding.note is None else [encoding.note]  # for the report
+        notes += self.notes
         self.dev = load_bench_prompts(
             tokenizer,
             args.prompts,
@@ -282,6 +292,7 @@ class _Recording:
             "drafter": self.drafter.name,
             "temperatures": list(self.temperatures),
             "dev_prompts": [p.id for p in self.dev],
+            "prompt_format": self.prompt_format,
             "record_k": self.args.record_k,
             "max_tokens": self.args.max_tokens,
         }

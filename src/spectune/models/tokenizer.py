@@ -11,6 +11,10 @@ parsing off. Without special-token text in the messages this gives exactly the i
 plain template rendering (tested over the shipped prompt set), since that is how a tokenizer
 treats the text between its special tokens anyway; with it, the forged markers become the
 ordinary tokens of their characters.
+
+The template is the model's own unless one is chosen (``with_chat_template``: a built-in, a
+Jinja file, or ``plain``, spectune.models.chat_templates); a chosen template goes through
+the same path. A model without a template encodes no chat until one is chosen.
 """
 
 from __future__ import annotations
@@ -25,15 +29,25 @@ from typing import Any
 
 from spectune.errors import ModelLoadError, PromptError
 from spectune.models.cache_dir import derived_path
+from spectune.models.chat_templates import OWN, ChatTemplate, plain_text
 
-__all__ = ["IncrementalDecoder", "Tokenizer", "check_text", "load_tokenizer"]
+__all__ = ["NO_CHAT_TEMPLATE", "IncrementalDecoder", "Tokenizer", "check_text", "load_tokenizer"]
+
+NO_CHAT_TEMPLATE = (
+    "this model has no chat template: pass a plain prompt, or --chat-template FILE|NAME"
+)
 
 
 class Tokenizer:
     """A thin wrapper over a transformers tokenizer with the few verbs spectune uses."""
 
-    def __init__(self, hf_tokenizer: Any) -> None:
+    def __init__(self, hf_tokenizer: Any, chat_template: ChatTemplate | None = None) -> None:
         self.hf = hf_tokenizer
+        self._chosen = chat_template  # None: the model's own
+
+    def with_chat_template(self, template: ChatTemplate | None) -> Tokenizer:
+        """This tokenizer, encoding chats with ``template`` (None: the model's own)."""
+        return Tokenizer(self.hf, template)
 
     @property
     def vocab_size(self) -> int:
@@ -52,8 +66,16 @@ class Tokenizer:
         return type(model).__name__ if model is not None else type(self.hf).__name__
 
     @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The template ``encode_chat`` applies: the chosen one, else the model's own
+        (``chat_templates.OWN``), else None."""
+        if self._chosen is not None:
+            return self._chosen
+        return OWN if getattr(self.hf, "chat_template", None) else None
+
+    @property
     def has_chat_template(self) -> bool:
-        return bool(getattr(self.hf, "chat_template", None))
+        return self.chat_template is not None
 
     def encode(self, text: str, *, allow_special_tokens: bool = False) -> list[int]:
         """A raw prompt's ids (with the tokenizer's BOS, if it adds one).
@@ -69,16 +91,22 @@ class Tokenizer:
         return [int(t) for t in ids]
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Apply the model's chat template (with the generation prompt) and tokenize.
+        """Apply the chat template (with the generation prompt) and tokenize.
 
         Only the template's own markers become special tokens; every message field but
         ``role`` is user text (see the module docstring). Roles are checked, not escaped:
-        templates branch on them.
+        templates branch on them. ``plain`` encodes the contents as a raw prompt.
         """
         if not messages or not any(m.get("content") for m in messages):
             raise PromptError("the chat has no message content")
-        if not self.has_chat_template:
-            raise PromptError("this model's tokenizer has no chat template; pass a plain prompt")
+        template = self.chat_template
+        if template is None:
+            raise PromptError(NO_CHAT_TEMPLATE)
+        if template.plain:
+            text = plain_text(messages)
+            self._plain_ids(text)  # refuses text this vocabulary turns into special tokens
+            return self.encode(text)
+        source = template.source  # None: the model's own
         specials = self._special_pattern()
         user_texts: list[str] = []
         templated: list[dict[str, str]] = []  # the messages with placeholders for user text
@@ -95,17 +123,19 @@ class Tokenizer:
                     placeholders[key] = f"{slot}{len(user_texts)}\ue001"
                     user_texts.append(value)
             templated.append(placeholders)
-        rendered = self._render(templated)
+        rendered = self._render(templated, source)
         pieces = list(_spliced(rendered, slot, user_texts))
-        if "".join(text for text, _ in pieces) != self._render(messages):
+        if "".join(text for text, _ in pieces) != self._render(messages, source):
             # The template rewrites user text (trims it, cuts it...), so the placeholders
             # do not show where user text ends up; refuse only what could forge a marker.
             if any(specials.search(text) for text in user_texts):
                 raise PromptError(
-                    "a message holds special-token text, and this model's chat template "
-                    "rewrites messages, so it cannot be kept as plain text"
+                    "a message holds special-token text, and this chat template rewrites "
+                    "messages, so it cannot be kept as plain text"
                 )
-            return self._plain_ids(self._render(messages))
+            # No user text spells a marker: every one in the rendering is the template's.
+            rendering = self._render(messages, source)
+            return [int(t) for t in self.hf.encode(rendering, add_special_tokens=False)]
         ids: list[int] = []
         plain: list[str] = []  # ordinary text since the last special token
         for text, trusted in pieces:
@@ -122,9 +152,11 @@ class Tokenizer:
             plain.append(text[last:])
         return ids + self._plain_ids("".join(plain))
 
-    def _render(self, messages: list[dict[str, str]]) -> str:
+    def _render(self, messages: list[dict[str, str]], source: str | None) -> str:
         return str(
-            self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            self.hf.apply_chat_template(
+                messages, chat_template=source, add_generation_prompt=True, tokenize=False
+            )
         )
 
     def _plain_ids(self, text: str) -> list[int]:

@@ -61,6 +61,7 @@ def to_json(report: SelectionReport) -> dict[str, Any]:
         "target": report.target,
         "target_parameters": report.target_parameters,
         "prompts": report.prompts,
+        "prompt_format": report.settings.prompt_format,
         "continuation_positions": report.continuation_positions,
         "verify_curve": {
             "sizes": list(report.verify_curve.sizes),

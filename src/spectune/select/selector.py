@@ -57,6 +57,7 @@ class SelectSettings:
     device: torch.device = torch.device("cpu")
     runtime: str = "auto"  # candidate draft models' runtime (the target's: --runtime)
     trust_draft_vocab: bool = False  # pair drafts without a tokenizer (spectune.drafters.pairing)
+    prompt_format: str = "chat:model"  # how the prompts were encoded (PromptEncoding.format)
 
     def __post_init__(self) -> None:
         for k in (self.max_k, *self.extra_ks):

@@ -206,6 +206,15 @@ class Service:
                         param="spectune.allow_special_tokens",
                         code="unsupported_option",
                     )
+                if not tokenizer.has_chat_template:
+                    raise APIError(
+                        400,
+                        "this model has no chat template: send the prompt as plain text to "
+                        "/v1/completions, or start spectune serve with --chat-template "
+                        "FILE|NAME",
+                        param="messages",
+                        code="no_chat_template",
+                    )
                 messages = [{"role": m.role, "content": m.text()} for m in body.messages]
                 return tokenizer.encode_chat(messages)
             if isinstance(body.prompt, str):

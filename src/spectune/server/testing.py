@@ -29,9 +29,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def toy_tokenizer(folder: Path, vocab_size: int = 64) -> Tokenizer:
+def toy_tokenizer(
+    folder: Path, vocab_size: int = 64, *, chat_template: str | None = CHAT_TEMPLATE
+) -> Tokenizer:
     """A word-level tokenizer of ``vocab_size`` ids saved in ``folder``: the specials
-    (pad 0, BOS 1, EOS 2 as in ``toy_config``), the chat roles, then words ``w0``, ``w1``..."""
+    (pad 0, BOS 1, EOS 2 as in ``toy_config``), the chat roles, then words ``w0``, ``w1``...
+    ``chat_template``: its template (None: none, as a base model ships)."""
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -48,7 +51,7 @@ def toy_tokenizer(folder: Path, vocab_size: int = 64) -> Tokenizer:
         eos_token="</s>",
         unk_token="<unk>",
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     folder.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(folder))
     return load_tokenizer(folder)
