@@ -38,6 +38,8 @@ from spectune.cli.paths import distinct_outputs, output_file, write_text
 from spectune.cli.tune_llamacpp import add_args as add_llamacpp_args
 from spectune.cli.tune_llamacpp import run_llamacpp
 from spectune.cli.tune_report import print_summary, report_data, report_markdown
+from spectune.cli.tune_vllm import add_args as add_vllm_args
+from spectune.cli.tune_vllm import run_vllm
 from spectune.control.config import PolicySpec, load_policy_file
 from spectune.control.crossover import runtime_of
 from spectune.control.tune import TuneResult, params_spec, policy_toml
@@ -95,6 +97,7 @@ def register(subparsers: Any) -> None:
         "--report", type=Path, default=None, help="markdown report (default: OUT with .md)"
     )
     add_llamacpp_args(parser)
+    add_vllm_args(parser)
     parser.set_defaults(run=run)
 
 
@@ -184,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
                 "model's own chat template"
             )
         return run_llamacpp(args)
+    if args.engine == "vllm":
+        return run_vllm(args)
     args.out = args.out or Path("tuned-policy.toml")
     temperatures = check_args(args)
     console = Console()  # progress and notes on stdout: stderr keeps one line per error
