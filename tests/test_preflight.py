@@ -209,10 +209,9 @@ def test_generate_with_a_gemma_draft_names_every_difference_before_any_model_loa
 ) -> None:
     """The default target is int4: the draft's precision is not what is reported, but what
     makes the pair impossible (families, vocabulary, BOS), and the target never loads."""
-    with mock.patch("spectune.cli.common.load_target", side_effect=AssertionError("loaded")):
-        status, err = run_cli(
-            ["generate", "--chat", "Hi", "--max-tokens", "8", "--draft", str(gemma)], capsys
-        )
+    status, err = run_cli(
+        ["generate", "--chat", "Hi", "--max-tokens", "8", "--draft", str(gemma)], capsys
+    )
     assert status == 2
     assert err.count("\n") == 1 and err.startswith("spectune: error: draft 'Tiny Gemma'")
     for part in (
@@ -365,14 +364,19 @@ def test_real_gemma_metadata_refusals_arrive_within_seconds() -> None:
 
 
 @pytest.mark.slow
-def test_real_gemma_loads_from_its_converted_folder() -> None:
+def test_real_gemma_loads_from_its_converted_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The second load of the real file reads the cached HF folder (never the GGUF's
-    tensors) and computes the logits the converting load computed."""
+    tensors) and computes the logits the converting load computed (in an empty cache: a
+    minute or two and 3 GB)."""
     from transformers import AutoModelForCausalLM
 
     gemma = _real_gemma()
+    monkeypatch.setenv("SPECTUNE_CACHE", str(tmp_path))
     tokens = torch.tensor([[2, 818, 7217, 563]])  # BOS "The sky is"
-    first = load_model(gemma)  # converts, unless an earlier start did
+    first = load_model(gemma)  # converts
+    assert (converted_gguf_path(gemma) / "model.safetensors").is_file()
     expected = first.forward(tokens, first.new_cache()).logits
     del first
     real = AutoModelForCausalLM.from_pretrained
@@ -380,3 +384,47 @@ def test_real_gemma_loads_from_its_converted_folder() -> None:
         model = load_model(gemma)
     assert loads.call_count == 1 and "gguf_file" not in loads.call_args.kwargs
     assert torch.equal(model.forward(tokens, model.new_cache()).logits, expected)
+
+
+@pytest.mark.slow
+def test_real_gemma_serves_at_batch_one_with_requests_queued() -> None:
+    """``serve`` on the Gemma GGUF without --max-batch: it starts (max batch 1, said in the
+    start-up line) and answers two concurrent completions, the second queued."""
+    import threading
+
+    import httpx
+
+    gemma = _real_gemma()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "spectune", "serve", "--target", str(gemma), "--draft", "ngram"]
+        + ["--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stderr is not None
+    lines: list[str] = []
+    try:
+        while not any(" at http://" in line for line in lines):
+            line = server.stderr.readline()
+            assert line or server.poll() is None, "".join(lines)
+            lines.append(line)
+        url = lines[-1].rsplit(" at ", 1)[1].strip()
+        body = {"model": gemma.stem, "prompt": "The sky is", "max_tokens": 6, "temperature": 0}
+        replies: list[httpx.Response] = []
+
+        def ask() -> None:
+            replies.append(httpx.post(url + "/completions", json=body, timeout=300))
+
+        threads = [threading.Thread(target=ask) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [r.status_code for r in replies] == [200, 200], [r.text for r in replies]
+        assert replies[0].json()["choices"][0]["text"] == replies[1].json()["choices"][0]["text"]
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
+    assert any(
+        "max batch 1 (Gemma 3 (gemma3) runs on the transformers runtime" in line for line in lines
+    ), "".join(lines)

@@ -319,11 +319,9 @@ def _max_batch(args: argparse.Namespace) -> tuple[int, str]:
     (``DEFAULT_MAX_BATCH``; 1 on the transformers runtime, whose caches hold one sequence:
     further requests queue), read from its metadata before it loads; and the start-up
     line's words for it. The sequential engine gives each request its own cache."""
-    if args.max_batch is not None and args.max_batch < 1:
-        raise InvalidParameterError(f"--max-batch must be >= 1, got {args.max_batch}")
-    if args.engine != "batch":
-        chosen = args.max_batch or DEFAULT_MAX_BATCH
-        return chosen, f"max batch {chosen}"
+    if args.engine != "batch" or (args.max_batch is not None and args.max_batch < 1):
+        chosen = DEFAULT_MAX_BATCH if args.max_batch is None else args.max_batch
+        return chosen, f"max batch {chosen}"  # EngineSettings refuses one below 1
     facts = model_facts(args.target, args.runtime)
     if args.max_batch is not None:
         refusal = facts.batch_refusal(args.max_batch)
