@@ -199,6 +199,17 @@ def test_a_gemma_draft_for_a_llama_target_is_refused_before_it_loads(
     assert "--quantize" not in message
 
 
+def test_select_lists_a_gemma_candidate_with_its_reasons_without_loading_it(
+    gemma: Path, toy_target: torch.nn.Module, no_weights: list[mock.MagicMock]
+) -> None:
+    from spectune.select.candidates import resolve_candidate
+
+    target = Loaded(toy_target, None, Path("toy"))  # type: ignore[arg-type]
+    candidate = resolve_candidate(str(gemma), target)
+    assert not candidate.compatible and candidate.drafter is None
+    assert "architecture families differ (target llama, draft gemma3)" in candidate.problems
+
+
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     status = main(args)
     return status, capsys.readouterr().err

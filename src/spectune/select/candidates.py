@@ -19,12 +19,14 @@ from spectune.drafters.ngram import NgramDrafter
 from spectune.drafters.pairing import (
     Loaded,
     draft_tokenizer,
+    identity_problems,
     is_suffix_spec,
     load_drafter,
     paired_model_drafter,
     pairing_problems,
 )
 from spectune.errors import SpectuneError
+from spectune.models.facts import model_facts
 from spectune.models.loading import load_model, resolve_model_path
 from spectune.models.quant import PRECISIONS, Precision
 
@@ -117,6 +119,10 @@ def resolve_candidate(
                 drafter.head.cfg.hidden_size
             )
             return Candidate(spec, "feature", drafter, params, ())
+        if meta is None:  # what the metadata refuses is refused before the weights load
+            early = identity_problems(target.model.info, model_facts(path, runtime))
+            if early:
+                return Candidate(spec, "model", None, None, tuple(early))
         model = load_model(
             path,
             dtype=precision.dtype,
