@@ -11,7 +11,8 @@ from typing import Any
 import openai
 import pytest
 
-from spectune.cli import common, main
+from spectune.cli import main
+from spectune.drafters import pairing
 from spectune.drafters.pairing import Loaded
 from spectune.models.llama import LlamaLM
 from spectune.server import run as server_run  # serve imports listen/serve_on from it
@@ -34,7 +35,8 @@ def captured(
         calls.update(host=host, port=port)
         return real_listen("127.0.0.1", 0)  # checked as given, bound where tests may
 
-    monkeypatch.setattr(common, "load_target", lambda ref, **kw: loaded)
+    # the command line looks the loader up when it runs
+    monkeypatch.setattr(pairing, "load_target", lambda ref, **kw: loaded)
     monkeypatch.setattr(server_run, "listen", listen)
     monkeypatch.setattr(server_run, "serve_on", lambda app, sock, **kw: calls.update(app=app))
     monkeypatch.delenv("SPECTUNE_API_KEY", raising=False)

@@ -25,7 +25,8 @@ import httpx
 import openai
 import pytest
 
-from spectune.cli import common, main
+from spectune.cli import main
+from spectune.drafters import pairing
 from spectune.drafters.pairing import Loaded
 from spectune.models.llama import LlamaLM
 from spectune.server import run as server_run
@@ -347,7 +348,8 @@ def test_serve_passes_its_drain_bound(
     toy_target: LlamaLM,
 ) -> None:
     loaded = Loaded(toy_target, toy_tokenizer(tmp_path / "tokenizer"), tmp_path / "toy.gguf")
-    monkeypatch.setattr(common, "load_target", lambda ref, **kw: loaded)
+    # the command line looks the loader up when it runs
+    monkeypatch.setattr(pairing, "load_target", lambda ref, **kw: loaded)
     real_listen = server_run.listen
     monkeypatch.setattr(server_run, "listen", lambda host, port: real_listen("127.0.0.1", 0))
     seen: dict[str, Any] = {}

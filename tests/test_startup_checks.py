@@ -177,10 +177,11 @@ def test_no_stall_warning_for_short_or_drafting_runs(endless: LlamaLM) -> None:
 def test_generate_prints_the_stall_warning(
     toy_folder: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import spectune.cli.common as common
+    import spectune.drafters.pairing as pairing
 
+    # the command line looks the drafter's loader up when it runs
     monkeypatch.setattr(
-        common, "load_drafter", lambda *a, **kw: FailingDrafter("raise", vocab_size=64)
+        pairing, "load_drafter", lambda *a, **kw: FailingDrafter("raise", vocab_size=64)
     )
     args = ["generate", "w1 w2 w3", "--target", str(toy_folder), "--json", "--policy", "fixed"]
     assert main([*args, "--max-tokens", str(2 * STALL_STEPS)]) == 0

@@ -7,6 +7,9 @@ for the default target's MLP shape on a Xeon with AVX-512).
 """
 
 import os
+from typing import TYPE_CHECKING
+
+from spectune._lazy import lazy_exports
 
 
 def _amd_cpu() -> bool:
@@ -20,37 +23,75 @@ def _amd_cpu() -> bool:
 if _amd_cpu():
     os.environ.setdefault("MKL_CBWR", "AVX2")
 
-from spectune.control import FixedK, KPolicy, StepPlan, make_policy  # noqa: E402
-from spectune.decode.batch import BatchEngine, SequenceUpdate  # noqa: E402
-from spectune.decode.engine import Generation, SpeculativeEngine  # noqa: E402
-from spectune.drafters import (  # noqa: E402
-    Draft,
-    Drafter,
-    FailingDrafter,
-    FeatureDrafter,
-    FeatureTreeDrafter,
-    HybridDrafter,
-    ModelDrafter,
-    NgramDrafter,
-    ScriptedDrafter,
-    SuffixDrafter,
-    TargetFeatures,
-    TreeDrafter,
-)
-from spectune.drafters.pairing import load_drafter, load_target, tree_drafter_for  # noqa: E402
-from spectune.errors import (  # noqa: E402
-    DrafterError,
-    IncompatibleModelsError,
-    InvalidParameterError,
-    ModelLoadError,
-    PromptError,
-    SpectuneError,
-)
-from spectune.models import LanguageModel, ModelInfo, load_model  # noqa: E402
-from spectune.monitor import Monitor  # noqa: E402
-from spectune.records import StepRecord  # noqa: E402
-from spectune.sampling import SamplingParams  # noqa: E402
-from spectune.verify.chain import VerifyResult, verify_greedy, verify_sampled  # noqa: E402
+if TYPE_CHECKING:
+    from spectune.control import FixedK, KPolicy, StepPlan, make_policy
+    from spectune.decode.batch import BatchEngine, SequenceUpdate
+    from spectune.decode.engine import Generation, SpeculativeEngine
+    from spectune.drafters import (
+        Draft,
+        Drafter,
+        FailingDrafter,
+        FeatureDrafter,
+        FeatureTreeDrafter,
+        HybridDrafter,
+        ModelDrafter,
+        NgramDrafter,
+        ScriptedDrafter,
+        SuffixDrafter,
+        TargetFeatures,
+        TreeDrafter,
+    )
+    from spectune.drafters.pairing import load_drafter, load_target, tree_drafter_for
+    from spectune.errors import (
+        DrafterError,
+        IncompatibleModelsError,
+        InvalidParameterError,
+        ModelLoadError,
+        PromptError,
+        SpectuneError,
+    )
+    from spectune.models import LanguageModel, ModelInfo, load_model
+    from spectune.monitor import Monitor
+    from spectune.records import StepRecord
+    from spectune.sampling import SamplingParams
+    from spectune.verify.chain import VerifyResult, verify_greedy, verify_sampled
+else:  # names load on first use (spectune._lazy)
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            "spectune.control": ["FixedK", "KPolicy", "StepPlan", "make_policy"],
+            "spectune.decode.batch": ["BatchEngine", "SequenceUpdate"],
+            "spectune.decode.engine": ["Generation", "SpeculativeEngine"],
+            "spectune.drafters": [
+                "Draft",
+                "Drafter",
+                "FailingDrafter",
+                "FeatureDrafter",
+                "FeatureTreeDrafter",
+                "HybridDrafter",
+                "ModelDrafter",
+                "NgramDrafter",
+                "ScriptedDrafter",
+                "SuffixDrafter",
+                "TargetFeatures",
+                "TreeDrafter",
+            ],
+            "spectune.drafters.pairing": ["load_drafter", "load_target", "tree_drafter_for"],
+            "spectune.errors": [
+                "DrafterError",
+                "IncompatibleModelsError",
+                "InvalidParameterError",
+                "ModelLoadError",
+                "PromptError",
+                "SpectuneError",
+            ],
+            "spectune.models": ["LanguageModel", "ModelInfo", "load_model"],
+            "spectune.monitor": ["Monitor"],
+            "spectune.records": ["StepRecord"],
+            "spectune.sampling": ["SamplingParams"],
+            "spectune.verify.chain": ["VerifyResult", "verify_greedy", "verify_sampled"],
+        },
+    )
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spectune.control.registry import POLICIES
+from spectune.bench.names import SYSTEM_KEYS
+from spectune.control.config import POLICIES
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.tokenizer import Tokenizer
 from spectune.prompts import load_prompts
@@ -29,18 +30,6 @@ __all__ = [
     "parse_tree_shape",
     "select_prompts",
 ]
-
-# Which systems run, by key (``--systems``):
-SYSTEM_KEYS = {
-    "plain": "plain decoding in spectune's runtime (always runs: it is the reference)",
-    "spectune": "spectune speculative decoding: every drafter x fixed K and policy",
-    "hf": "transformers generate() without a draft",
-    "hf-assisted": "transformers assisted generation with each draft model, default settings",
-    "hf-heuristic": "the same with the 'heuristic' num_assistant_tokens_schedule",
-    "hf-lookup": "transformers prompt lookup (prompt_lookup_num_tokens)",
-    "llamacpp": "with --dtype llamacpp: llama.cpp's own plain decoding and prompt lookup at "
-    "each fixed K (llama-cpp-python's Llama class)",
-}
 
 
 @dataclass(frozen=True)

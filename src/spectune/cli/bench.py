@@ -40,9 +40,9 @@ class _Preset(argparse.Action):
 
 
 def register(subparsers: Any) -> None:
-    from spectune.bench.plan import SYSTEM_KEYS
+    from spectune.bench.names import SYSTEM_KEYS
     from spectune.cli.common import add_device_arg
-    from spectune.drafters.pairing import TARGET_PRECISIONS
+    from spectune.models.names import TARGET_PRECISIONS
 
     parser = subparsers.add_parser(
         "bench",

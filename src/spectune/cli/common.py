@@ -6,32 +6,23 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from spectune.control.config import PolicySpec
-from spectune.control.crossover import curve_for_this_machine
-from spectune.drafters.base import Drafter
-from spectune.drafters.pairing import (
-    Loaded,
-    check_draft_before_loading,
-    compile_target,
-    drafter_summary,
-    load_drafter,
-    load_target,
-    shipped_suffix_serves,
-)
 from spectune.errors import InvalidParameterError
 from spectune.models.chat_templates import BUILTIN_TEMPLATES, ChatTemplate, resolve_chat_template
-from spectune.models.devices import DEVICES, resolve_device
-from spectune.models.facts import model_facts
-from spectune.models.llamacpp import LLAMACPP
-from spectune.models.loading import DEFAULT_TARGET, RUNTIMES, stored_in_4_bits
+from spectune.models.facts import RUNTIMES, model_facts
 from spectune.models.machine import usable_cores
-from spectune.models.quant import PRECISIONS, Precision
-from spectune.models.threads import adapt_threads, fix_threads
-from spectune.sampling import SamplingParams
+from spectune.models.names import DEVICES, LLAMACPP, PRECISION_NAMES
+from spectune.models.refs import DEFAULT_TARGET
+
+if TYPE_CHECKING:
+    import torch
+
+    from spectune.drafters.base import Drafter
+    from spectune.drafters.pairing import Loaded
+    from spectune.models.quant import Precision
+    from spectune.sampling import SamplingParams
 
 __all__ = [
     "DTYPE_HELP",
@@ -106,7 +97,10 @@ def add_runtime_arg(parser: argparse.ArgumentParser) -> None:
 def add_precision_args(parser: argparse.ArgumentParser) -> None:
     """``--dtype`` (the precision) and ``--device``; read them with ``precision_from_args``."""
     parser.add_argument(
-        "--dtype", default=AUTO, choices=sorted({AUTO, *PRECISIONS, *_ALIASES}), help=DTYPE_HELP
+        "--dtype",
+        default=AUTO,
+        choices=sorted({AUTO, *PRECISION_NAMES, *_ALIASES}),
+        help=DTYPE_HELP,
     )
     add_device_arg(parser)
 
@@ -156,6 +150,8 @@ def set_threads(threads: int | None, *, reserve: int = 0) -> None:
     user set it (torch already follows it), else the count follows the idle cores
     (``spectune.models.threads``), keeping ``reserve`` of them for the process's other
     threads (the server's request handling), at least one for compute."""
+    from spectune.models.threads import adapt_threads, fix_threads
+
     if threads is None:
         if not os.environ.get("OMP_NUM_THREADS"):
             adapt_threads(max(1, usable_cores() - reserve))
@@ -178,6 +174,8 @@ def add_device_arg(parser: argparse.ArgumentParser) -> None:
 def precision_from_args(args: argparse.Namespace) -> tuple[Precision, torch.device]:
     """``--dtype`` and ``--device`` as the target loads with them (``auto`` resolved:
     ``auto_precision``)."""
+    from spectune.models.devices import resolve_device
+
     runtime = getattr(args, "runtime", None)
     if args.dtype == AUTO:
         device = resolve_device(args.device, cpu_kernels=runtime == LLAMACPP)
@@ -194,6 +192,9 @@ def auto_precision(target: str, runtime: str | None, device: torch.device) -> Pr
     Q4_0/Q4_1 on the native runtime and the CPU (its layers go to the int4 kernel as
     stored: plain decoding 3.35x fp32's speed on two cores, docs/usage.md "Runtimes", and greedy
     speculative output equal to plain int4 decoding's); else fp32."""
+    from spectune.models.loading import stored_in_4_bits
+    from spectune.models.quant import PRECISIONS
+
     native = runtime in (None, "auto", "native")
     if native and device.type == "cpu" and stored_in_4_bits(target):
         return PRECISIONS["int4"]
@@ -205,6 +206,8 @@ def default_drafter(target: Loaded) -> str:
     where that index serves the target's vocabulary (the default target's; the fastest
     measured drafter on it on fp32 and int4, docs/history.md), else n-gram (it needs
     nothing built for the target)."""
+    from spectune.drafters.pairing import shipped_suffix_serves
+
     return "suffix" if shipped_suffix_serves(target) else "ngram"
 
 
@@ -215,6 +218,14 @@ def load_models(args: argparse.Namespace, notes: list[str]) -> tuple[Loaded, Dra
     saying so lands in ``notes``, for the caller to print once its input is checked, so a
     bad input still gets its one error line). What the models' metadata decides (the
     runtime, the precision, a draft model's pairing) is checked before either loads."""
+    from spectune.control.crossover import curve_for_this_machine
+    from spectune.drafters.pairing import (
+        check_draft_before_loading,
+        compile_target,
+        load_drafter,
+        load_target,
+    )
+
     precision, device = precision_from_args(args)
     check_draft_before_loading(
         args.draft,
@@ -260,6 +271,8 @@ def _compiling(tokens: int) -> None:
 
 def startup_line(drafter: Drafter | None, spec: PolicySpec) -> str:
     """Which drafter is really active and under which K policy, in one line."""
+    from spectune.drafters.pairing import drafter_summary
+
     options = ", ".join(f"{key}={value}" for key, value in sorted(spec.options.items()))
     policy = f"policy {spec.name}" + (f" ({options})" if options else "")
     if drafter is None:
@@ -279,15 +292,29 @@ def print_warning(message: str) -> None:
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy"
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=0, help="sample among the K most likely tokens; 0 = all"
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling mass; 1.0 = all tokens"
+    )
+    parser.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the request's random stream, for repeatable sampling (default: a fresh "
+        "seed from the OS)",
+    )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
 def parse_precision(name: str) -> Precision:
+    from spectune.models.quant import PRECISIONS
+
     try:
         return PRECISIONS[_ALIASES.get(name, name)]
     except KeyError as exc:
@@ -295,6 +322,8 @@ def parse_precision(name: str) -> Precision:
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    from spectune.sampling import SamplingParams
+
     return SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,

@@ -20,8 +20,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spectune.engines.hf_folder import check_logits, check_source, convert_target, record_check
-from spectune.engines.vllm.eagle3 import export_eagle3
 from spectune.errors import InvalidParameterError, ModelLoadError
 
 __all__ = ["register"]
@@ -59,6 +57,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spectune.engines.hf_folder import check_logits, check_source, convert_target, record_check
+
     if args.draft is not None:
         return _run_draft(args)
     args.target = args.target or "default"
@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_draft(args: argparse.Namespace) -> int:
+    from spectune.engines.vllm.eagle3 import export_eagle3
+
     if args.target is None:
         raise InvalidParameterError(
             "--draft needs --target: the Hugging Face folder vLLM serves ('spectune convert' "

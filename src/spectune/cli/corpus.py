@@ -10,16 +10,8 @@ from typing import Any
 
 from spectune.cli.common import add_device_arg, add_threads_arg, set_threads
 from spectune.cli.paths import output_folder
-from spectune.distill.corpus import (
-    PROMPT_MIXES,
-    CorpusSettings,
-    SeedData,
-    build_shards,
-    corpus_stats,
-)
-from spectune.drafters.pairing import load_target
+from spectune.distill.settings import PROMPT_MIXES, CorpusSettings
 from spectune.errors import InvalidParameterError
-from spectune.models.devices import resolve_device
 
 __all__ = ["register"]
 
@@ -76,6 +68,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spectune.distill.corpus import SeedData, build_shards, corpus_stats
+    from spectune.drafters.pairing import load_target
+    from spectune.models.devices import resolve_device
+
     if args.stats:
         print(json.dumps(corpus_stats(args.out), indent=2))
         return 0

@@ -7,27 +7,18 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spectune.cli.common import add_device_arg, add_threads_arg, set_threads
 from spectune.cli.paths import output_folder
-from spectune.distill.data import (
-    PRECISIONS,
-    DistillCorpus,
-    GenerationSettings,
-    build_answer_features,
-)
-from spectune.distill.models import DraftArchitecture
-from spectune.distill.pipeline import CorpusPlan, build_corpora, distill
+from spectune.distill.settings import PRECISIONS
 from spectune.distill.sources import read_prompt_files, read_reference_chats
-from spectune.distill.train import Budget, CurvePoint, TrainSettings, TrainState
-from spectune.drafters.loading import read_draft_meta
-from spectune.drafters.pairing import load_target
-from spectune.engines.vllm.eagle3 import vllm_default_layers
 from spectune.errors import InvalidParameterError
-from spectune.models.devices import resolve_device
-from spectune.models.feature_head import LAYOUTS
-from spectune.models.llama import LlamaLM
+from spectune.models.names import LAYOUTS
+
+if TYPE_CHECKING:
+    from spectune.distill.data import DistillCorpus
+    from spectune.distill.train import CurvePoint, TrainState
 
 __all__ = ["register"]
 
@@ -174,6 +165,8 @@ def _feature_layers(
 ) -> tuple[int, ...]:
     """'auto': a low, a middle and the last layer (EAGLE-3's choice of three); for the
     eagle3 layout, vLLM's own choice for a Llama (``vllm_default_layers``)."""
+    from spectune.engines.vllm.eagle3 import vllm_default_layers
+
     if value == "auto":
         if layout == "eagle3":
             return vllm_default_layers(num_layers)
@@ -193,6 +186,8 @@ def _feature_layers(
 
 def _layers_of_draft(folder: Path) -> tuple[int, ...]:
     """The target layers the feature draft in ``folder`` reads."""
+    from spectune.drafters.loading import read_draft_meta
+
     meta = read_draft_meta(folder)
     if meta is None or meta.kind != "feature":
         raise InvalidParameterError(f"--init-from {folder} is not a feature-draft folder")
@@ -221,6 +216,14 @@ def _progress() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spectune.distill.data import DistillCorpus, GenerationSettings, build_answer_features
+    from spectune.distill.models import DraftArchitecture
+    from spectune.distill.pipeline import CorpusPlan, build_corpora, distill
+    from spectune.distill.train import Budget, TrainSettings
+    from spectune.drafters.pairing import load_target
+    from spectune.models.devices import resolve_device
+    from spectune.models.llama import LlamaLM
+
     if args.features_only and args.answers is None:
         raise InvalidParameterError("--features-only caches the teacher pass of --answers")
     if not (args.steps or args.tokens or args.minutes or args.features_only):

@@ -14,12 +14,14 @@ import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spectune.cli.paths import output_file, output_folder
 from spectune.errors import InvalidParameterError
-from spectune.experiments.common import Setup, load_setup, toy_setup
 from spectune.experiments.evidence.stages import StageRun, run_stage, stage_path
+
+if TYPE_CHECKING:
+    from spectune.experiments.common import Setup
 
 __all__ = ["STAGES", "add_arguments", "run"]
 
@@ -63,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spectune.experiments.common import load_setup, toy_setup
+
     stages = [s for s in args.stages.split(",") if s]
     unknown = sorted(set(stages) - set(STAGES))
     if unknown or not stages:

@@ -13,16 +13,17 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spectune.cli.common import add_threads_arg, set_threads
 from spectune.cli.evidence import add_arguments as add_evidence_arguments
 from spectune.cli.evidence import run as run_evidence
 from spectune.cli.paths import output_file
-from spectune.drafters.pairing import TARGET_PRECISIONS
 from spectune.errors import InvalidParameterError
-from spectune.experiments.common import Setup, load_setup, toy_setup
-from spectune.models.llamacpp import LLAMACPP
+from spectune.models.names import LLAMACPP, TARGET_PRECISIONS
+
+if TYPE_CHECKING:
+    from spectune.experiments.common import Setup
 
 __all__ = ["register"]
 
@@ -118,6 +119,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spectune.experiments.common import load_setup, toy_setup
+
     if args.per_category < 1:
         raise InvalidParameterError("--per-category must be >= 1")
     if args.max_tokens is not None and args.max_tokens < 1:
@@ -359,6 +362,7 @@ def _runtimes(args: argparse.Namespace) -> dict[str, object]:
 
     from spectune.control.crossover import runtime_of, save_verify_curve
     from spectune.drafters.pairing import compile_target, native_precision
+    from spectune.experiments.common import toy_setup
     from spectune.experiments.runtimes import compare_runtimes
     from spectune.models.base import LanguageModel
     from spectune.models.devices import machine_of

@@ -9,8 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spectune.engines.drafts import DRAFT_TEMPLATE
-from spectune.engines.export import export_best
 from spectune.engines.names import ENGINES, engine_arg
 from spectune.engines.tuned import Tuning, read_tunings
 from spectune.errors import InvalidParameterError
@@ -51,6 +49,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spectune.engines.drafts import DRAFT_TEMPLATE
+    from spectune.engines.export import export_best
+
     if args.result is not None:
         tunings = read_tunings(args.result)
     elif args.draft is not None and args.k is not None:

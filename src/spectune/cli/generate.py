@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spectune.cli.common import (
     add_chat_template_arg,
@@ -25,24 +25,20 @@ from spectune.cli.common import (
 from spectune.cli.paths import output_file
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
-from spectune.control.crossover import verify_curve_of
-from spectune.control.registry import build_policy
-from spectune.decode.engine import Generation, SpeculativeEngine
-from spectune.decode.text import stream_text
-from spectune.drafters.base import Drafter
-from spectune.drafters.pairing import tree_drafter_for
-from spectune.drafters.tree import TreeShape
 from spectune.errors import InvalidParameterError, PromptError
-from spectune.models.base import LanguageModel
 from spectune.models.chat_templates import ChatTemplate
 from spectune.models.facts import chat_template_known, model_facts
-from spectune.models.llamacpp import LLAMACPP
-from spectune.models.loading import DEFAULT_TARGET
 from spectune.models.machine import LoadMeter
+from spectune.models.names import LLAMACPP
+from spectune.models.refs import DEFAULT_TARGET
 from spectune.models.tokenizer import NO_CHAT_TEMPLATE, Tokenizer, check_text
-from spectune.monitor.hub import Monitor, RequestMonitor
-from spectune.monitor.trace import TraceWriter
-from spectune.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from spectune.decode.engine import Generation, SpeculativeEngine
+    from spectune.drafters.base import Drafter
+    from spectune.models.base import LanguageModel
+    from spectune.monitor.hub import RequestMonitor
+    from spectune.sampling import SamplingParams
 
 __all__ = ["register"]
 
@@ -124,6 +120,9 @@ def decode(
     echo: bool,
     watch: RequestMonitor | None = None,
 ) -> tuple[Generation, str]:
+    from spectune.decode.engine import Generation
+    from spectune.decode.text import stream_text
+
     gen = Generation(prompt_tokens=prompt)
     text: list[str] = []
     start = time.perf_counter()
@@ -148,6 +147,9 @@ def tree_drafter(
 ) -> Drafter:
     """The tree form of ``--draft`` (a draft model, a feature head, suffix drafting or a
     hybrid's suffix source; native runtime)."""
+    from spectune.drafters.pairing import tree_drafter_for
+    from spectune.drafters.tree import TreeShape
+
     shape = TreeShape(
         width=args.tree_width if args.tree_width is not None else 2,
         nodes=args.tree_nodes if args.tree_nodes is not None else 16,
@@ -219,6 +221,12 @@ def check_model_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spectune.control.crossover import verify_curve_of
+    from spectune.control.registry import build_policy
+    from spectune.decode.engine import SpeculativeEngine
+    from spectune.monitor.hub import Monitor
+    from spectune.monitor.trace import TraceWriter
+
     check_prompt_args(args)
     check_model_args(args)
     template = chat_template_for(args)

@@ -7,12 +7,12 @@ import argparse
 
 from spectune.control.config import (
     DEFAULT_POLICY,
+    POLICIES,
     PolicySpec,
     merge_options,
     parse_policy_opts,
     policy_spec,
 )
-from spectune.control.registry import POLICIES
 from spectune.records import validate_k
 
 __all__ = ["add_policy_args", "policy_spec_from_args"]

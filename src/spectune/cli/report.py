@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spectune.cli.paths import output_folder
 from spectune.errors import InvalidParameterError
-from spectune.monitor.report import TraceReport, analyse_trace, peak_by_k, plot_report
-from spectune.monitor.trace import read_trace
+
+if TYPE_CHECKING:
+    from spectune.monitor.report import TraceReport
 
 __all__ = ["register"]
 
@@ -35,6 +36,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spectune.monitor.report import analyse_trace, plot_report
+    from spectune.monitor.trace import read_trace
+
     if args.window < 1:
         raise InvalidParameterError(f"--window must be >= 1, got {args.window}")
     if args.baseline_tps is not None and not args.baseline_tps > 0:
@@ -53,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
 def print_report(report: TraceReport, paths: list[Path]) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from spectune.monitor.report import peak_by_k
 
     snap = report.snapshot
     console = Console()

@@ -19,13 +19,8 @@ from spectune.cli.common import (
     set_threads,
 )
 from spectune.cli.paths import output_folder
-from spectune.control.crossover import curve_for_this_machine
-from spectune.drafters.pairing import is_suffix_spec, load_target
 from spectune.errors import InvalidParameterError
-from spectune.models.loading import resolve_model_path
 from spectune.prompts import load_prompts, prompt_encoding
-from spectune.select.report import render_notes, render_table, write_report
-from spectune.select.selector import SelectSettings, select
 
 __all__ = ["check_candidate_paths", "register"]
 
@@ -33,6 +28,9 @@ __all__ = ["check_candidate_paths", "register"]
 def check_candidate_paths(specs: list[str]) -> None:
     """A candidate that names a file that is not there is a typo: fail before any loading.
     ``ngram``, ``suffix[:INDEX]`` and ``hybrid`` name no model file."""
+    from spectune.drafters.pairing import is_suffix_spec
+    from spectune.models.loading import resolve_model_path
+
     for spec in specs:
         if spec != "ngram" and not is_suffix_spec(spec):
             resolve_model_path(spec)
@@ -95,6 +93,11 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from spectune.control.crossover import curve_for_this_machine
+    from spectune.drafters.pairing import load_target
+    from spectune.select.report import render_notes, render_table, write_report
+    from spectune.select.selector import SelectSettings, select
 
     if args.per_category < 1:
         raise InvalidParameterError("--per-category must be at least 1")

@@ -32,24 +32,14 @@ from spectune.cli.common import (
 from spectune.cli.policy_args import add_policy_args, policy_spec_from_args
 from spectune.control.base import FixedK, KPolicy
 from spectune.control.config import PolicySpec
-from spectune.control.crossover import verify_curve_of
-from spectune.control.registry import build_policy
 from spectune.errors import InvalidParameterError
 from spectune.models.facts import model_facts
-from spectune.monitor.hub import Monitor
-from spectune.monitor.trace import TraceWriter
-from spectune.sampling import SamplingParams
-from spectune.server.engines import (
-    DEFAULT_DRAFT_DEADLINE,
-    ENGINES,
-    HISTORY_SCOPES,
-    DraftSource,
-    EngineSettings,
-    RequestDrafters,
-    build_engine,
-    scoped_history,
-)
+from spectune.server.names import DEFAULT_DRAFT_DEADLINE, ENGINES, HISTORY_SCOPES
 from spectune.server.run import DRAIN_SECONDS
+
+if TYPE_CHECKING:
+    from spectune.sampling import SamplingParams
+    from spectune.server.engines import EngineSettings, RequestDrafters
 
 if TYPE_CHECKING:
     from spectune.server import Limits
@@ -90,10 +80,19 @@ def register(subparsers: Any) -> None:
         help="accept these keys too: one 'KEY TENANT' per line, each tenant's drafts kept "
         "apart from the others' (default: none)",
     )
-    parser.add_argument("--served-model-name", help="the model name clients send")
+    parser.add_argument(
+        "--served-model-name",
+        help="the model name clients send (default: the target's file or folder name, "
+        "without .gguf)",
+    )
     add_chat_template_arg(parser, "/v1/chat/completions")
     add_policy_args(parser)
-    parser.add_argument("--engine", choices=ENGINES, default="batch")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="batch",
+        help="batch: requests decoded together; sequential: one request at a time",
+    )
     parser.add_argument(
         "--max-batch",
         type=int,
@@ -137,13 +136,26 @@ def register(subparsers: Any) -> None:
         dest="spec_usage",
         action="store_false",
         help="leave the request's speculation counts out of responses' usage (they stay in "
-        "/metrics)",
+        "/metrics). Default: responses' usage carries them",
     )
     limits = parser.add_argument_group("limits")
-    limits.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    limits.add_argument("--max-prompt-tokens", type=int, default=4096)
+    limits.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="largest request body; more get a 413"
+    )
+    limits.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="longest prompt; longer ones get a 400 (default: --capacity - 1, the most that "
+        "leaves room for one output token; must be below --capacity)",
+    )
     limits.add_argument("--max-tokens", type=int, default=1024, help="largest max_tokens")
-    limits.add_argument("--default-max-tokens", type=int, default=256)
+    limits.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=256,
+        help="max_tokens of a request that sets none (at most --max-tokens)",
+    )
     limits.add_argument(
         "--max-requests", type=int, default=64, help="running + queued; more get a 429"
     )
@@ -157,7 +169,9 @@ def register(subparsers: Any) -> None:
         "cuts the drain short)",
     )
     add_threads_arg(parser)
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning"), help="server log"
+    )
     parser.set_defaults(run=run)
 
 
@@ -193,7 +207,9 @@ def _history_scope(args: argparse.Namespace, keys: ApiKeys | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spectune.control.registry import build_policy
     from spectune.server import Limits
+    from spectune.server.engines import EngineSettings
     from spectune.server.run import check_drain_seconds, listen
 
     check_drain_seconds(args.drain_seconds)
@@ -203,6 +219,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise InvalidParameterError("--served-model-name must not be empty")
+    if args.max_prompt_tokens is None:
+        args.max_prompt_tokens = max(1, args.capacity - 1)  # --capacity is checked below
+    elif args.max_prompt_tokens >= args.capacity:
+        raise InvalidParameterError(
+            f"--max-prompt-tokens {args.max_prompt_tokens} leaves no room for output in "
+            f"--capacity {args.capacity} tokens per request: give a smaller one, or a larger "
+            "--capacity"
+        )
     spec = policy_spec_from_args(args)
     build_policy(spec)  # checks the options before loading models
     # One core stays with the request threads (the event loop, tokenising and streaming):
@@ -241,7 +265,12 @@ def _serve(
     sock: socket.socket,
 ) -> int:
     """Load the models and serve on ``sock`` until stopped (SIGINT or SIGTERM)."""
+    from spectune.control.crossover import verify_curve_of
+    from spectune.control.registry import build_policy
+    from spectune.monitor.hub import Monitor
+    from spectune.monitor.trace import TraceWriter
     from spectune.server import ServedModel, Service, create_app
+    from spectune.server.engines import DraftSource, build_engine, scoped_history
     from spectune.server.metrics import ServerMetrics
     from spectune.server.run import serve_on
 

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from spectune.cli.paths import output_file
-from spectune.distill.corpus import read_answers
 from spectune.distill.sources import read_json_lines
-from spectune.drafters.suffix_index import DEFAULT_MAX_DEPTH, SuffixIndex, tokenizer_fingerprint
+from spectune.drafters.names import DEFAULT_MAX_DEPTH
 from spectune.errors import InvalidParameterError, ModelLoadError
 
 __all__ = ["register"]
@@ -59,12 +58,15 @@ def _jsonl_tokens(path: Path) -> Iterator[list[int]]:
 
 
 def _answers(folder: Path, split: str) -> Iterator[list[int]]:
+    from spectune.distill.corpus import read_answers
+
     for answer in read_answers(folder, split=None if split == "all" else split):
         yield list(answer.answer)
 
 
 def run(args: argparse.Namespace) -> int:
     from spectune.drafters.pairing import load_target
+    from spectune.drafters.suffix_index import SuffixIndex, tokenizer_fingerprint
 
     source: Path = args.source
     for flag, value in (("--max-tokens", args.max_tokens), ("--max-depth", args.max_depth)):

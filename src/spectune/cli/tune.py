@@ -24,7 +24,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spectune.cli.common import (
     add_chat_template_arg,
@@ -41,11 +41,12 @@ from spectune.cli.tune_report import print_summary, report_data, report_markdown
 from spectune.cli.tune_vllm import add_args as add_vllm_args
 from spectune.cli.tune_vllm import run_vllm
 from spectune.control.config import PolicySpec, load_policy_file
-from spectune.control.crossover import runtime_of
-from spectune.control.tune import TuneResult, params_spec, policy_toml
-from spectune.control.workload import RecordedRequest, StepCosts, Workload
 from spectune.errors import InvalidParameterError
 from spectune.models.machine import LoadMeter
+
+if TYPE_CHECKING:
+    from spectune.control.tune import TuneResult
+    from spectune.control.workload import RecordedRequest, StepCosts, Workload
 
 __all__ = ["register"]
 
@@ -153,6 +154,7 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 def requests_from_traces(paths: Sequence[str]) -> tuple[list[RecordedRequest], list[str]]:
     """Every request of every trace, with its temperature (0 when the trace has none)."""
+    from spectune.control.workload import RecordedRequest
     from spectune.monitor.trace import TraceError, read_trace
 
     requests: list[RecordedRequest] = []
@@ -178,6 +180,7 @@ def requests_from_traces(paths: Sequence[str]) -> tuple[list[RecordedRequest], l
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from spectune.control.tune import params_spec, policy_toml
     from spectune.control.workload import fit_costs, fit_workload
 
     if args.engine == "llamacpp":
@@ -347,6 +350,7 @@ class _Recording:
         from spectune.bench.runner import Schedule, run_interleaved
         from spectune.bench.systems import SpectuneSystem, SystemInfo
         from spectune.control.base import FixedK
+        from spectune.control.crossover import runtime_of
         from spectune.control.registry import build_policy
 
         model, k = self.target.model, result.best_fixed_k

@@ -13,7 +13,6 @@ from typing import Any
 
 from spectune.cli.common import parse_numbers, round_robin
 from spectune.cli.paths import executable, output_file, write_text
-from spectune.engines.llamacpp.flags import check_draft, draft_gguf
 from spectune.engines.llamacpp.server import BUILT_BINARY, default_server_binary
 from spectune.engines.names import engine_arg
 from spectune.errors import InvalidParameterError
@@ -62,6 +61,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> tuple[Path, Path, Path | None, list[int], list[float]]:
     """Every setting, before anything is converted or started: the server binary, the
     target, the draft as given (``check_draft``), the --n-max and --p-min grids."""
+    from spectune.engines.llamacpp.flags import check_draft
     from spectune.models.loading import resolve_model_path
 
     if args.trace:
@@ -104,6 +104,7 @@ def run_llamacpp(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
+    from spectune.engines.llamacpp.flags import draft_gguf
     from spectune.engines.llamacpp.tuning import flag_grid, tune_llamacpp
     from spectune.prompts import load_prompts
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spectune.control.tune import K_KEYS, MIN_GAIN, RULES, TuneResult, seed_params
-from spectune.control.workload import StepCosts, Workload
+if TYPE_CHECKING:
+    from spectune.control.tune import TuneResult
+    from spectune.control.workload import StepCosts, Workload
+
 
 __all__ = ["CONFIRM_SYSTEMS", "print_summary", "report_data", "report_markdown"]
 
@@ -20,6 +22,8 @@ CONFIRM_SYSTEMS = ("plain", "seed", "best fixed K", "tuned")
 
 
 def _why(key: str, result: TuneResult, workload: Workload) -> str:
+    from spectune.control.tune import K_KEYS, MIN_GAIN, seed_params
+
     seed, best = seed_params(), result.best
     if best[key] == seed[key]:
         if key == "hot_temperature" and not any(t > 0 for t in workload.temperatures):
@@ -46,6 +50,8 @@ def report_data(
     confirm: dict[str, Any] | None,
     notes: list[str],
 ) -> dict[str, Any]:
+    from spectune.control.tune import RULES, seed_params
+
     seed = seed_params()
     plain = result.plain.tokens_per_second
 

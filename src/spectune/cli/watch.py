@@ -21,15 +21,17 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spectune.engines.costs import StepCosts, load_costs
 from spectune.engines.metrics import READERS, read_exposition
 from spectune.engines.names import engine_arg
 from spectune.errors import InvalidParameterError
 from spectune.monitor.remote import EndpointError, EngineReading, excerpt
-from spectune.monitor.watch import CostAssumptions, Watcher, WatchReport
 from spectune.records import validate_k
+
+if TYPE_CHECKING:
+    from spectune.monitor.watch import Watcher, WatchReport
 
 __all__ = ["register"]
 
@@ -124,6 +126,8 @@ def scrape(url: str, engine: str | None, api_key: str | None, timeout: float) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from spectune.monitor.watch import Watcher
+
     if args.interval <= 0 or args.timeout <= 0:
         raise InvalidParameterError("--interval and --timeout must be > 0")
     if args.polls < 0:
@@ -157,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
 def _costs(args: argparse.Namespace) -> StepCosts | None:
     """The measured costs the advice predicts from: a cost profile (``--costs``), or
     ``--draft-cost`` with ``--verify-slope``; None: no speedup is predicted."""
+    from spectune.monitor.watch import CostAssumptions
+
     stated = (args.draft_cost, args.verify_slope)
     if args.costs is not None:
         if stated != (None, None):

@@ -5,20 +5,61 @@ params=..., cost_curve=...)``. Each answers ``plan() -> StepPlan`` before a step
 ``observe(record)`` after it (``spectune.control.base``).
 """
 
-from spectune.control.base import FixedK, KPolicy, PolicyState, ReportsState, StepPlan
-from spectune.control.config import PolicySpec, load_policy_file, parse_policy_opts, policy_spec
-from spectune.control.cost import CostConfig, CostK
-from spectune.control.fallback import (
-    FallbackCheck,
-    GlobalFallback,
-    GlobalFallbackConfig,
-    Guarded,
-    Hold,
-    LocalFallback,
-    LocalFallbackConfig,
-)
-from spectune.control.registry import DEFAULT_POLICY, POLICIES, build_policy, make_policy
-from spectune.control.threshold import ThresholdConfig, ThresholdK
+from typing import TYPE_CHECKING
+
+from spectune._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from spectune.control.base import FixedK, KPolicy, PolicyState, ReportsState, StepPlan
+    from spectune.control.config import PolicySpec, load_policy_file, parse_policy_opts, policy_spec
+    from spectune.control.cost import CostConfig, CostK
+    from spectune.control.fallback import (
+        FallbackCheck,
+        GlobalFallback,
+        GlobalFallbackConfig,
+        Guarded,
+        Hold,
+        LocalFallback,
+        LocalFallbackConfig,
+    )
+    from spectune.control.registry import DEFAULT_POLICY, POLICIES, build_policy, make_policy
+    from spectune.control.threshold import ThresholdConfig, ThresholdK
+else:  # names load on first use (spectune._lazy)
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            "spectune.control.base": [
+                "FixedK",
+                "KPolicy",
+                "PolicyState",
+                "ReportsState",
+                "StepPlan",
+            ],
+            "spectune.control.config": [
+                "PolicySpec",
+                "load_policy_file",
+                "parse_policy_opts",
+                "policy_spec",
+            ],
+            "spectune.control.cost": ["CostConfig", "CostK"],
+            "spectune.control.fallback": [
+                "FallbackCheck",
+                "GlobalFallback",
+                "GlobalFallbackConfig",
+                "Guarded",
+                "Hold",
+                "LocalFallback",
+                "LocalFallbackConfig",
+            ],
+            "spectune.control.registry": [
+                "DEFAULT_POLICY",
+                "POLICIES",
+                "build_policy",
+                "make_policy",
+            ],
+            "spectune.control.threshold": ["ThresholdConfig", "ThresholdK"],
+        },
+    )
 
 __all__ = [
     "DEFAULT_POLICY",

@@ -35,6 +35,7 @@ from spectune.errors import InvalidParameterError
 
 __all__ = [
     "DEFAULT_POLICY",
+    "POLICIES",
     "PolicySpec",
     "load_policy_file",
     "merge_options",
@@ -49,6 +50,7 @@ T = TypeVar("T")
 # pair for every drafter (docs/results/bench-eagle3-t0: T = 0, smollm2-draft 1.18x against
 # threshold's 1.06x, suffix 1.38x against 1.27x, ngram 1.25x against 1.19x; tied at T = 0.7).
 DEFAULT_POLICY = "cost"
+POLICIES = ("threshold", "cost", "fixed")  # the names make_policy builds (control.registry)
 
 
 @dataclass(frozen=True)

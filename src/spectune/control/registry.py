@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spectune.control.base import FixedK, KPolicy
-from spectune.control.config import DEFAULT_POLICY, PolicySpec, options_into
+from spectune.control.config import DEFAULT_POLICY, POLICIES, PolicySpec, options_into
 from spectune.control.cost import CostConfig, CostK, LearnedCurve
 from spectune.control.costs import CostCurve
 from spectune.control.fallback import (
@@ -69,7 +69,6 @@ _POLICIES: dict[str, tuple[Callable[[Mapping[str, Any], _Context], KPolicy], tup
     "cost": (_cost, ("global",)),
     "fixed": (_fixed, ()),
 }
-POLICIES = tuple(_POLICIES)
 
 
 def _local(options: Mapping[str, Any], ctx: _Context) -> FallbackCheck:

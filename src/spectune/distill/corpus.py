@@ -61,6 +61,7 @@ from pathlib import Path
 import torch
 
 from spectune.decode.batch import BatchEngine
+from spectune.distill.settings import PROMPT_MIXES, CorpusSettings
 from spectune.distill.sources import read_json_lines
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
@@ -93,7 +94,6 @@ CATEGORY_SHARES: dict[str, float] = {
 }
 
 ANSWER_TEMPERATURES = (0.0, 0.7)
-PROMPT_MIXES = (1, 2)
 CLOSED_BOOK_SHARE = 0.5  # mix 2: question-answering items asked from a written document
 INTO_ENGLISH_SHARE = 0.5  # mix 2: translation items translated back into English
 _NEEDS_DOCUMENT = frozenset({"summarization", "retrieval_qa", "translation"})
@@ -250,28 +250,6 @@ _ASK_QUESTION = (
     "Write one question that can be answered using only the text below. Reply with the "
     "question only.\n\n{text}"
 )
-
-
-@dataclass(frozen=True)
-class CorpusSettings:
-    """How much of what: the knobs of one corpus (part of every shard's metadata)."""
-
-    items_per_shard: int = 96
-    max_answer_tokens: int = 256
-    max_document_tokens: int = 200
-    max_turn_tokens: int = 64
-    max_batch: int = 24
-    seed: int = 0
-    # Which prompts (module docstring): 1 = shards 0-56, 58 of the committed corpus; 2 adds
-    # closed-book questions and translations into English, and drops Chinese / Japanese.
-    prompt_mix: int = 2
-
-    def __post_init__(self) -> None:
-        if self.prompt_mix not in PROMPT_MIXES:
-            raise InvalidParameterError(
-                f"prompt mix must be one of {', '.join(map(str, PROMPT_MIXES))}, "
-                f"got {self.prompt_mix}"
-            )
 
 
 @dataclass(frozen=True)

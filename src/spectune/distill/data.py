@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from spectune.distill.corpus import Answer, read_answer_shard
+from spectune.distill.settings import PRECISIONS
 from spectune.distill.sources import CorpusItem
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import LanguageModel
@@ -94,9 +95,6 @@ def _encode(item: CorpusItem, tokenizer: Tokenizer, limit: int) -> _Encoded | No
     if len(ids) < 2 or train_from >= len(ids) - 1:
         return None
     return _Encoded(ids, False, train_from)
-
-
-PRECISIONS = ("fp32", "bf16")
 
 
 def compute_precision(

@@ -28,8 +28,8 @@ import numpy as np
 import numpy.typing as npt
 
 from spectune.drafters import suffix_kernels
+from spectune.drafters.names import DEFAULT_MAX_DEPTH
 from spectune.drafters.suffix_index import (
-    DEFAULT_MAX_DEPTH,
     MAX_OCCURRENCES,
     Document,
     Match,

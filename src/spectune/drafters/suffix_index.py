@@ -34,6 +34,7 @@ import numpy.typing as npt
 from numpy.lib.npyio import NpzFile
 
 from spectune.drafters import suffix_kernels
+from spectune.drafters.names import DEFAULT_MAX_DEPTH
 from spectune.errors import IncompatibleModelsError, InvalidParameterError, ModelLoadError
 
 __all__ = [
@@ -55,7 +56,6 @@ __all__ = [
 SEP = -1  # document separator; never a token id
 INDEX_FORMAT = "spectune-suffix-index"
 INDEX_VERSION = 1
-DEFAULT_MAX_DEPTH = 32  # longest tail matched, in tokens
 # A match keeps at most this many occurrences, evenly spaced over all of them: the
 # continuation's frequencies are estimated from a sample of very common tails (bounded cost).
 MAX_OCCURRENCES = 512

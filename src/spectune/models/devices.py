@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from spectune.errors import InvalidParameterError
+from spectune.models.names import DEVICES
 
 __all__ = [
     "DEVICES",
@@ -25,8 +26,6 @@ __all__ = [
     "model_device",
     "resolve_device",
 ]
-
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(name: str, *, cpu_kernels: bool = False) -> torch.device:

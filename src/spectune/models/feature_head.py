@@ -53,11 +53,10 @@ from spectune.models.llama import (
     attention_mask,
     rotary_tables,
 )
+from spectune.models.names import LAYOUTS
 from spectune.models.quant import QuantMode, quantize_net
 
 __all__ = ["LAYOUTS", "Eagle3Layer", "FeatureHead", "FeatureHeadConfig"]
-
-LAYOUTS = ("spectune", "eagle3")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.models.base import ModelInfo, ModelOutput
 from spectune.models.kv_cache import StaticKVCache
+from spectune.models.names import COMPILED
 
 __all__ = [
     "COMPILED",
@@ -48,8 +49,7 @@ __all__ = [
 ]
 
 # A runtime whose forwards after the prompt are compiled (``LlamaLM.compile_steps``) is
-# named by its precision and this: "int4+compile".
-COMPILED = "+compile"
+# named by its precision and COMPILED (spectune.models.names): "int4+compile".
 
 # Forwards of up to this many rows attend row by row when batch invariance is on: every
 # decode step, verification chunk and tree; longer prompt prefills stay one SDPA call (a

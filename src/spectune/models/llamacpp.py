@@ -51,6 +51,7 @@ from torch import Tensor
 from spectune.errors import IncompatibleModelsError, ModelLoadError, PromptError
 from spectune.models.base import ModelInfo, ModelOutput
 from spectune.models.llama import LlamaConfig
+from spectune.models.names import LLAMACPP
 
 __all__ = [
     "BUILD_MINUTES",
@@ -66,7 +67,6 @@ __all__ = [
     "refuse_feature_head",
 ]
 
-LLAMACPP = "llamacpp"  # the runtime's name: --runtime llamacpp; bench's and experiments' label
 # How long ``pip install spectune[llamacpp]`` compiles llama.cpp on a 2-core machine (the
 # package has no binary wheel for this platform).
 BUILD_MINUTES = 25

@@ -13,27 +13,59 @@
 - ``watch``       a deployment judged between scrapes, and the K advice for it.
 """
 
-from spectune.monitor.health import TARGETS, HealthCheck, health
-from spectune.monitor.hub import Monitor, RequestMonitor
-from spectune.monitor.prometheus import PrometheusExporter
-from spectune.monitor.remote import EndpointError, EngineReading
-from spectune.monitor.report import PLOTS, TraceReport, analyse_trace, plot_report
-from spectune.monitor.stats import (
-    FALLBACK_KINDS,
-    Rates,
-    SpecStats,
-    StatsSnapshot,
-    StepNumbers,
-    fallback_kind,
-)
-from spectune.monitor.trace import (
-    TraceError,
-    TraceRequest,
-    TraceStep,
-    TraceWriter,
-    read_trace,
-)
-from spectune.monitor.watch import Advice, CostAssumptions, Watcher, WatchReport
+from typing import TYPE_CHECKING
+
+from spectune._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from spectune.monitor.health import TARGETS, HealthCheck, health
+    from spectune.monitor.hub import Monitor, RequestMonitor
+    from spectune.monitor.prometheus import PrometheusExporter
+    from spectune.monitor.remote import EndpointError, EngineReading
+    from spectune.monitor.report import PLOTS, TraceReport, analyse_trace, plot_report
+    from spectune.monitor.stats import (
+        FALLBACK_KINDS,
+        Rates,
+        SpecStats,
+        StatsSnapshot,
+        StepNumbers,
+        fallback_kind,
+    )
+    from spectune.monitor.trace import (
+        TraceError,
+        TraceRequest,
+        TraceStep,
+        TraceWriter,
+        read_trace,
+    )
+    from spectune.monitor.watch import Advice, CostAssumptions, Watcher, WatchReport
+else:  # names load on first use (spectune._lazy)
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            "spectune.monitor.health": ["TARGETS", "HealthCheck", "health"],
+            "spectune.monitor.hub": ["Monitor", "RequestMonitor"],
+            "spectune.monitor.prometheus": ["PrometheusExporter"],
+            "spectune.monitor.remote": ["EndpointError", "EngineReading"],
+            "spectune.monitor.report": ["PLOTS", "TraceReport", "analyse_trace", "plot_report"],
+            "spectune.monitor.stats": [
+                "FALLBACK_KINDS",
+                "Rates",
+                "SpecStats",
+                "StatsSnapshot",
+                "StepNumbers",
+                "fallback_kind",
+            ],
+            "spectune.monitor.trace": [
+                "TraceError",
+                "TraceRequest",
+                "TraceStep",
+                "TraceWriter",
+                "read_trace",
+            ],
+            "spectune.monitor.watch": ["Advice", "CostAssumptions", "Watcher", "WatchReport"],
+        },
+    )
 
 __all__ = [
     "FALLBACK_KINDS",

@@ -29,6 +29,7 @@ from spectune.drafters.suffix_history import HistoryStore, TenantHistories
 from spectune.errors import InvalidParameterError
 from spectune.models.base import LanguageModel
 from spectune.sampling import SamplingParams
+from spectune.server.names import DEFAULT_DRAFT_DEADLINE, ENGINES, HISTORY_SCOPES
 from spectune.server.scheduler import AdmitChoice, RequestPolicies, StepEngine
 
 __all__ = [
@@ -40,10 +41,6 @@ __all__ = [
     "build_engine",
     "scoped_history",
 ]
-
-ENGINES = ("batch", "sequential")
-HISTORY_SCOPES = ("none", "tenant", "global")
-DEFAULT_DRAFT_DEADLINE = 10.0  # seconds
 
 
 class RequestDrafters(AdmitChoice[str]):
