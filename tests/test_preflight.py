@@ -199,6 +199,20 @@ def test_a_gemma_draft_for_a_llama_target_is_refused_before_it_loads(
     assert "--quantize" not in message
 
 
+def test_a_gemma_header_pairs_with_the_loaded_gemma_it_describes(gemma: Path) -> None:
+    """transformers calls a loaded Gemma 3 ``gemma3_text``; its GGUF header says ``gemma3``."""
+    import dataclasses
+
+    from spectune.drafters.pairing import identity_problems
+
+    facts = model_facts(gemma)
+    loaded = dataclasses.replace(facts, family="gemma3_text")
+    assert identity_problems(loaded, facts) == []
+    assert identity_problems(dataclasses.replace(facts, family="llama"), facts) == [
+        "architecture families differ (target llama, draft gemma3)"
+    ]
+
+
 def test_select_lists_a_gemma_candidate_with_its_reasons_without_loading_it(
     gemma: Path, toy_target: torch.nn.Module, no_weights: list[mock.MagicMock]
 ) -> None:

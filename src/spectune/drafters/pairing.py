@@ -191,7 +191,7 @@ def identity_problems(target: ModelIdentity, draft: ModelIdentity) -> list[str]:
     architecture families, vocabulary sizes (within ``MAX_VOCAB_DIFFERENCE``), BOS, pad and
     EOS ids (empty: none)."""
     problems: list[str] = []
-    if target.family != draft.family:
+    if _language_family(target.family) != _language_family(draft.family):
         problems.append(
             f"architecture families differ (target {target.family}, draft {draft.family})"
         )
@@ -214,6 +214,12 @@ def identity_problems(target: ModelIdentity, draft: ModelIdentity) -> list[str]:
                 f"draft {list(draft.eos_token_ids)})"
             )
     return problems
+
+
+def _language_family(family: str) -> str:
+    """A family as its language model: transformers names Gemma 3's text model
+    ``gemma3_text`` where the GGUF header says ``gemma3``."""
+    return family.removesuffix("_text")
 
 
 def compatibility_problems(
