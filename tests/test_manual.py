@@ -19,13 +19,13 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 # Each task page opens with the options of the commands it is the manual of.
 PAGES = {
     "usage.md": ["generate"],
-    "advise.md": ["advise", "export"],
-    "serving.md": ["serve"],
-    "bench.md": ["bench", "experiment"],
+    "advise.md": ["advise"],
+    "serving.md": ["serve", "watch", "export"],
+    "bench.md": ["bench"],
     "drafts.md": ["select", "distill", "corpus", "convert"],
-    "adaptive.md": ["tune", "watch", "report"],
+    "adaptive.md": ["tune", "report"],
     "suffix.md": ["suffix-index"],
-    "trees-batching.md": ["generate --tree-width --tree-nodes --tree-min-prob"],
+    "trees-batching.md": ["generate --tree-width --tree-nodes --tree-min-prob", "experiment"],
 }
 
 

@@ -49,10 +49,25 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--shards", type=_shard_range, default=range(1), help="start:stop[:step] (default 0:1)"
     )
-    parser.add_argument("--items-per-shard", type=int, default=CorpusSettings.items_per_shard)
-    parser.add_argument("--max-answer-tokens", type=int, default=CorpusSettings.max_answer_tokens)
-    parser.add_argument("--batch", type=int, default=CorpusSettings.max_batch)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--items-per-shard",
+        type=int,
+        default=CorpusSettings.items_per_shard,
+        help="prompts (and answers) per shard",
+    )
+    parser.add_argument(
+        "--max-answer-tokens",
+        type=int,
+        default=CorpusSettings.max_answer_tokens,
+        help="longest answer the target writes",
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=CorpusSettings.max_batch,
+        help="requests the target decodes together",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and sampling")
     parser.add_argument(
         "--prompt-mix",
         type=int,

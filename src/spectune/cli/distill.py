@@ -101,8 +101,15 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="rewrap prompts as translation/summary/context-QA tasks",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--gen-batch", type=int, default=32)
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=128,
+        help="longest continuation the target writes per prompt",
+    )
+    parser.add_argument(
+        "--gen-batch", type=int, default=32, help="prompts the target continues together"
+    )
     parser.add_argument(
         "--cache-dir",
         type=Path,
@@ -113,11 +120,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--steps", type=int, default=None, help="budget: optimizer steps")
     parser.add_argument("--tokens", type=int, default=None, help="budget: training positions")
     parser.add_argument("--minutes", type=float, default=None, help="budget: wall minutes")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--batch-tokens", type=int, default=2048)
-    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    parser.add_argument(
+        "--batch-tokens", type=int, default=2048, help="training positions per optimizer step"
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=100,
+        help="optimizer steps between held-out acceptance checks",
+    )
     parser.add_argument("--heldout", type=int, default=48, help="held-out sequences")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of initialisation and data order")
     add_threads_arg(parser)
     parser.add_argument(
         "--precision",

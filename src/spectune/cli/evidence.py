@@ -57,7 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("corpus/smollm2-135m-instruct"),
         help="target answer corpus the drafts are distilled on (`spectune corpus`)",
     )
-    group.add_argument("--answer-shards", type=int, default=None)
+    group.add_argument(
+        "--answer-shards",
+        type=int,
+        default=None,
+        help="use the first N shards of the answer corpus (default: all)",
+    )
     group.add_argument(
         "--tune-report", type=Path, default=None, help="a `spectune tune` report JSON"
     )

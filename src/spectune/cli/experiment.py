@@ -54,10 +54,16 @@ def register(subparsers: Any) -> None:
         "evidence: the practice rules, measured, in one report",
     )
     parser.add_argument(
-        "which", choices=("tree", "batch", "chunked", "runtimes", "history", "evidence")
+        "which",
+        choices=("tree", "batch", "chunked", "runtimes", "history", "evidence"),
+        help="the experiment; the option groups below name the ones each option applies to",
     )
     parser.add_argument("--toy", action="store_true", help="toy models: seconds, for checks")
-    parser.add_argument("--target", default="default")
+    parser.add_argument(
+        "--target",
+        default="default",
+        help="target model: 'default' (SmolLM2-135M-Instruct), a .gguf file or an HF folder",
+    )
     parser.add_argument(
         "--draft",
         default="auto",
@@ -72,7 +78,12 @@ def register(subparsers: Any) -> None:
         default=1,
         help="prompts per category",
     )
-    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="tokens per continuation (default: 64 for tree, else 32)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     add_threads_arg(parser)
     parser.add_argument(
@@ -85,10 +96,17 @@ def register(subparsers: Any) -> None:
     tree = parser.add_argument_group("tree")
     tree.add_argument("--budgets", type=_ints, default=(4, 8), help="node budgets (= chain K)")
     tree.add_argument("--widths", type=_ints, default=(2,), help="tree widths to compare")
-    tree.add_argument("--min-path-prob", type=float, default=0.0)
-    tree.add_argument("--temperatures", type=_floats, default=(0.0, 0.7))
+    tree.add_argument(
+        "--min-path-prob",
+        type=float,
+        default=0.0,
+        help="expand only nodes whose cumulative draft probability reaches this",
+    )
+    tree.add_argument("--temperatures", type=_floats, default=(0.0, 0.7), help="comma-separated")
     batch = parser.add_argument_group("batch")
-    batch.add_argument("--sizes", type=_ints, default=(1, 2, 4, 8, 16))
+    batch.add_argument(
+        "--sizes", type=_ints, default=(1, 2, 4, 8, 16), help="batch sizes, comma-separated"
+    )
     batch.add_argument(
         "-k", "--k", type=_ints, default=(1, 4), help="draft tokens per step to try (batch)"
     )
@@ -97,8 +115,13 @@ def register(subparsers: Any) -> None:
         "--repeats", type=int, default=3, help="rounds per batch size; the median run counts"
     )
     chunked = parser.add_argument_group("chunked")
-    chunked.add_argument("--ks", type=_ints, default=(4, 8))
-    chunked.add_argument("--groups", type=_ints, default=(2,))
+    chunked.add_argument("--ks", type=_ints, default=(4, 8), help="chain lengths K to verify")
+    chunked.add_argument(
+        "--groups",
+        type=_ints,
+        default=(2,),
+        help="groups a chain is verified in (beside one pass), comma-separated",
+    )
     chunked.add_argument("--temperature", type=float, default=0.0, help="(chunked, history)")
     runtimes = parser.add_argument_group("runtimes")
     runtimes.add_argument(

@@ -41,7 +41,11 @@ def register(subparsers: Any) -> None:
         "select",
         help="rank candidate drafts for a target: compatibility, size, acceptance, cost, speedup",
     )
-    parser.add_argument("--target", default="default")
+    parser.add_argument(
+        "--target",
+        default="default",
+        help="target model: 'default' (SmolLM2-135M-Instruct), a .gguf file or an HF folder",
+    )
     parser.add_argument(
         "candidates",
         nargs="+",
@@ -59,10 +63,22 @@ def register(subparsers: Any) -> None:
         default=4,
         help="prompts per category",
     )
-    parser.add_argument("--continuation-tokens", type=int, default=48)
-    parser.add_argument("--confirm-prompts", type=int, default=6)
-    parser.add_argument("--confirm-tokens", type=int, default=48)
-    parser.add_argument("--max-k", type=int, default=8)
+    parser.add_argument(
+        "--continuation-tokens",
+        type=int,
+        default=48,
+        help="tokens of the target's own continuation each candidate is scored on",
+    )
+    parser.add_argument(
+        "--confirm-prompts",
+        type=int,
+        default=6,
+        help="prompts of the short confirmation run of each candidate at its K",
+    )
+    parser.add_argument(
+        "--confirm-tokens", type=int, default=48, help="tokens per confirmation run"
+    )
+    parser.add_argument("--max-k", type=int, default=8, help="largest K predicted")
     parser.add_argument(
         "--extra-k",
         type=int,

@@ -67,7 +67,7 @@ def register(subparsers: Any) -> None:
     )
     add_model_args(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
     parser.add_argument(
         "--api-key",
         default=os.environ.get("SPECTUNE_API_KEY"),

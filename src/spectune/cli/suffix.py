@@ -45,7 +45,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--max-tokens", type=int, default=None, help="stop adding answers past this many tokens"
     )
-    parser.add_argument("--max-depth", type=int, default=DEFAULT_MAX_DEPTH)
+    parser.add_argument(
+        "--max-depth",
+        type=int,
+        default=DEFAULT_MAX_DEPTH,
+        help="longest context tail the index matches, in tokens",
+    )
     parser.set_defaults(run=run)
 
 

@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
         "--limit-per-category", type=int, default=2, help="dev prompts per category (2)"
     )
     parser.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,0.7")
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens decoded per dev prompt")
     parser.add_argument(
         "--record-k", type=int, default=8, help="fixed K the dev prompts are decoded with (8)"
     )
@@ -83,7 +83,7 @@ def register(subparsers: Any) -> None:
         default=4,
         help="held-out test prompts the tuned policy is confirmed on (0: no confirmation)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampled decoding")
     add_threads_arg(parser)
     parser.add_argument(
         "--record-trace", default=None, help="also write the dev decoding as a step trace"
