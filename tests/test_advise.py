@@ -216,7 +216,9 @@ def test_untrained_draft_gets_do_not_speculate(toy_target: LlamaLM, tmp_path: Pa
     assert set(data) == {
         "schema_version", "target", "target_parameters", "machine", "settings", "candidates",
         "configurations", "verdict", "checklist", "notes", "outputs", "seconds",
+        "screening_verdict", "engine_check",
     }  # fmt: skip
+    assert data["engine_check"] is None and data["screening_verdict"] is None  # no vLLM run
     config = data["configurations"][0]
     for key in ("predicted_speedup", "measured_speedup", "noise", "prediction_error", "k"):
         assert key in config

@@ -37,7 +37,8 @@ def test_a_runtime_given_keeps_it_and_says_the_figures_are_spectunes() -> None:
 
 def test_vllm_and_sglang_figures_are_said_to_be_spectunes() -> None:
     for engine, label in (("vllm", "vLLM"), ("sglang", "SGLang")):
-        measured = measured_on(engine, "default", "auto")
+        # vLLM not installed (with it, advise runs its pick on vLLM: test_advise_vllm.py)
+        measured = measured_on(engine, "default", "auto", vllm_ready=False)
         assert measured.runtime == "auto" and f"not {label}'s" in measured.statement
     assert measured_on("spectune", "default", "auto").statement.startswith("measured on spectune")
 

@@ -5,8 +5,11 @@ the target on llama.cpp's kernels (``--runtime llamacpp``, through llama-cpp-pyt
 can: a GGUF target, llama-cpp-python installed and ``--runtime`` left at ``auto``, so that
 the verification costs it measures are llama.cpp's (they differ from spectune's fp32 and
 int4 runtimes: four tokens can cost 2.6x one on llama.cpp against 1.0x on fp32).
-Otherwise, and for vLLM and SGLang, the figures are spectune's runtime's, and the statement
-says so plainly, with the command that measures the engine itself.
+For ``--engine vllm`` with vLLM installed, spectune's figures screen the candidates and
+vLLM itself then runs the configuration they pick (``spectune.advise.on_vllm``): the
+verdict is vLLM's. Otherwise, and for SGLang, the figures are spectune's runtime's, and
+the statement says so plainly, with the command that measures the engine itself (or, for
+vLLM, the command that installs it).
 
 ``stated`` puts that line into the advice (``settings.measured_on`` and the first note) and
 gives a verdict not to speculate its next step: the command that serves the target on the
@@ -19,9 +22,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from spectune.advise.schema import Advice
-from spectune.advise.verdict import DO_NOT_SPECULATE
+from spectune.advise.verdict import DO_NOT_SPECULATE, NEXT_STEP
 from spectune.engines.names import LABELS
 from spectune.engines.plan import plain_command
+from spectune.engines.vllm.setup import INSTALL_COMMAND, VLLM_VERSION, vllm_missing
 from spectune.errors import ModelLoadError
 from spectune.models.llamacpp import LLAMACPP, llama_cpp_available
 from spectune.models.loading import resolve_model_path
@@ -43,9 +47,15 @@ class MeasuredOn:
     engine: str
     runtime: str
     statement: str
+    verdict_on: str = "spectune"  # whose figures decide the verdict: spectune's or "vllm"
 
     def as_json(self) -> dict[str, str]:
-        return {"engine": self.engine, "runtime": self.runtime, "statement": self.statement}
+        return {
+            "engine": self.engine,
+            "runtime": self.runtime,
+            "statement": self.statement,
+            "verdict_on": self.verdict_on,
+        }
 
 
 def _is_gguf(target: str) -> bool:
@@ -55,8 +65,11 @@ def _is_gguf(target: str) -> bool:
         return False
 
 
-def measured_on(engine: str, target: str, runtime: str) -> MeasuredOn:
-    """Where advise measures for ``engine`` (module docstring)."""
+def measured_on(
+    engine: str, target: str, runtime: str, *, vllm_ready: bool | None = None
+) -> MeasuredOn:
+    """Where advise measures for ``engine`` (module docstring). ``vllm_ready``: whether
+    vLLM's virtualenv is installed (None: look)."""
     if engine == "spectune":
         return MeasuredOn(
             engine,
@@ -75,6 +88,17 @@ def measured_on(engine: str, target: str, runtime: str) -> MeasuredOn:
                 "driven by spectune's speculation loop: llama-server's own drafting and "
                 f"scheduling are not measured ({_ENGINE_ITSELF[engine]})",
             )
+    if vllm_ready is None:
+        vllm_ready = engine == "vllm" and vllm_missing() is None
+    if engine == "vllm" and vllm_ready:
+        return MeasuredOn(
+            engine,
+            runtime,
+            f"screened on spectune's runtime (--runtime {runtime}); the configuration it picks "
+            f"is then run by vLLM {VLLM_VERSION} itself, without and with speculation, and the "
+            "verdict is vLLM's",
+            "vllm",
+        )
     why = ""
     if engine == "llamacpp":
         why = (
@@ -85,13 +109,17 @@ def measured_on(engine: str, target: str, runtime: str) -> MeasuredOn:
             else f"--runtime {runtime} was given"
         )
         why = f" ({why})"
-    return MeasuredOn(
-        engine,
-        runtime,
+    statement = (
         f"the figures are spectune's runtime's (--runtime {runtime}), not {label}'s{why}: its "
         f"costs differ, so the verdict is spectune's and the export is not measured on "
-        f"{label} ({_ENGINE_ITSELF[engine]})",
+        f"{label} ({_ENGINE_ITSELF[engine]})"
     )
+    if engine == "vllm":
+        statement += (
+            f"; vLLM is not installed here: '{INSTALL_COMMAND}' installs it, and advise then "
+            "checks its verdict on vLLM itself"
+        )
+    return MeasuredOn(engine, runtime, statement)
 
 
 def stated(advice: Advice, measured: MeasuredOn, target: str) -> Advice:
@@ -99,7 +127,7 @@ def stated(advice: Advice, measured: MeasuredOn, target: str) -> Advice:
     speculate followed by its next step."""
     verdict = advice.verdict
     if verdict.summary == DO_NOT_SPECULATE:
-        step = f"next step: serve without speculation: {plain_command(measured.engine, target)}"
+        step = NEXT_STEP + plain_command(measured.engine, target)
         verdict = dataclasses.replace(verdict, reasons=(*verdict.reasons, step))
     return dataclasses.replace(
         advice,

@@ -24,6 +24,7 @@ __all__ = [
     "VerifiedRun",
     "conditional",
     "kept_positions",
+    "noise_of",
     "survival_of",
     "verify_interleaved",
 ]
@@ -72,6 +73,14 @@ def survival_of(run: VerifiedRun, k: int) -> Survival:
     )
 
 
+def noise_of(ratios: Sequence[float]) -> float:
+    """Twice the standard error of per-prompt speedup ratios (0 with fewer than 2): about a
+    95% interval around their mean."""
+    if len(ratios) < 2:
+        return 0.0
+    return 2.0 * statistics.stdev(ratios) / math.sqrt(len(ratios))
+
+
 @dataclass(frozen=True)
 class VerifiedRun:
     label: str
@@ -87,10 +96,8 @@ class VerifiedRun:
 
     @property
     def noise(self) -> float:
-        """Twice the standard error of the per-prompt ratios (0 with fewer than 2)."""
-        if len(self.ratios) < 2:
-            return 0.0
-        return 2.0 * statistics.stdev(self.ratios) / math.sqrt(len(self.ratios))
+        """Twice the standard error of the per-prompt ratios (``noise_of``)."""
+        return noise_of(self.ratios)
 
 
 def verify_interleaved(

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from spectune.advise.schema import Advice
 
-__all__ = ["checklist_table", "config_table", "plot", "position_table"]
+__all__ = ["checklist_table", "config_table", "engine_table", "plot", "position_table"]
 
 
 def config_table(advice: Advice) -> Table:
@@ -64,6 +64,47 @@ def position_table(advice: Advice) -> Table:
                 *(f"{c:.0%}" for c in curve),
             )
     return table
+
+
+def engine_table(advice: Advice) -> Table | None:
+    """The configuration vLLM ran, as each engine measured it: spectune's runtime (decoding
+    steps' tokens/s, prefill excluded) and vLLM (requests' tokens/s, prefill included)."""
+    check = advice.engine_check
+    if check is None:
+        return None
+    table = Table(title=f"{check.configuration} on each engine (held-apart prompts)")
+    for column in ("measured on", "plain tok/s", "speculative tok/s", "speedup", "acceptance"):
+        table.add_column(column, justify="left" if column == "measured on" else "right")
+    run = check.screened
+    if run is not None:
+        table.add_row(
+            f"spectune (--runtime {check.runtime}), {check.prediction.label}",
+            _rate(run.plain.tokens_per_second),
+            _rate(run.counts.tokens_per_second),
+            f"{run.speedup:.2f}x +-{run.noise:.2f}",
+            _share(run.counts.acceptance_rate),
+        )
+    replay = check.replay
+    if replay is not None and check.measured:
+        counts = replay.counts
+        table.add_row(
+            f"vLLM, {check.configuration}",
+            _rate(replay.plain.tokens_per_second),
+            _rate(replay.speculative.tokens_per_second),
+            f"{replay.speedup:.2f}x +-{check.noise:.2f}",
+            _share(None if counts is None else counts.acceptance_rate),
+        )
+    else:
+        table.add_row(f"vLLM, {check.configuration}", "-", "-", "not measured", "-")
+    return table
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def checklist_table(advice: Advice) -> Table:

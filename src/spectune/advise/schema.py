@@ -3,7 +3,11 @@
 Top-level keys: ``schema_version``, ``target``, ``machine`` (the verification curve v(K)),
 ``settings``, ``candidates`` (checks and measured acceptance and cost per draft),
 ``configurations`` (predicted and, where verified, measured speedup with its noise and the
-prediction error), ``verdict``, ``checklist``, ``notes``, ``outputs``, ``seconds``.
+prediction error), ``verdict``, ``checklist``, ``notes``, ``outputs``, ``seconds``; with
+``--engine vllm`` where vLLM is installed, ``engine_check`` (the configuration run by vLLM
+without and with speculation: both engines' figures, ``spectune.advise.vllm_check``) and
+``screening_verdict`` (what spectune's own measurements said; ``verdict`` is then vLLM's
+where vLLM measured).
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from typing import Any
 from spectune.advise.measure import VerifiedRun
 from spectune.advise.predict import ConfigPrediction
 from spectune.advise.verdict import CheckRow, Verdict
+from spectune.advise.vllm_check import VllmCheck
 
 __all__ = ["SCHEMA_VERSION", "Advice", "CandidateCheck", "ConfigResult"]
 
 # 2: position_acceptance per temperature and category; 3: machine.load over the run;
-# 4: settings.measured_on (which engine measured what)
-SCHEMA_VERSION = 4
+# 4: settings.measured_on (which engine measured what); 5: engine_check and
+# screening_verdict (the verdict measured on vLLM), settings.measured_on.verdict_on
+SCHEMA_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,8 @@ class Advice:
     outputs: dict[str, str]  # what was written: role -> file name in the report folder
     seconds: float
     machine_load: dict[str, Any] | None = None  # LoadRecord.as_json over the whole run
+    engine_check: VllmCheck | None = None  # the configuration run by vLLM itself
+    screening_verdict: Verdict | None = None  # spectune's, where ``verdict`` is vLLM's
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -123,6 +131,12 @@ class Advice:
             "candidates": [dataclasses.asdict(c) for c in self.candidates],
             "configurations": [c.to_dict() for c in self.configurations],
             "verdict": dataclasses.asdict(self.verdict),
+            "screening_verdict": (
+                None
+                if self.screening_verdict is None
+                else dataclasses.asdict(self.screening_verdict)
+            ),
+            "engine_check": None if self.engine_check is None else self.engine_check.as_json(),
             "checklist": [
                 {"rule": r.rule, "band": r.band, "value": r.value, "met": r.met}
                 for r in self.checklist

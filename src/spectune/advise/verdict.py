@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from spectune.advise.measure import VerifiedRun
 from spectune.advise.predict import ConfigPrediction
 
-__all__ = ["DO_NOT_SPECULATE", "NO_VERDICT", "Verdict", "decide", "withheld"]
+__all__ = ["DO_NOT_SPECULATE", "NEXT_STEP", "NO_VERDICT", "Verdict", "decide", "withheld"]
 
 DO_NOT_SPECULATE = "do not speculate here"
+NEXT_STEP = "next step: serve without speculation: "  # then the command
 NO_VERDICT = "no verdict: the machine was busy while advise measured"
 
 

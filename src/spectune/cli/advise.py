@@ -7,14 +7,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spectune.advise.advisor import AdviseSettings, advise
-from spectune.advise.engine import measured_on, stated
-from spectune.advise.report import checklist_table, config_table, plot, position_table
-from spectune.advise.schema import Advice
-from spectune.advise.traffic import load_traffic
 from spectune.cli.common import (
     add_chat_template_arg,
     add_precision_args,
@@ -28,14 +25,15 @@ from spectune.cli.common import (
 from spectune.cli.paths import output_folder
 from spectune.cli.select import check_candidate_paths
 from spectune.control.config import PolicySpec
-from spectune.control.crossover import curve_for_this_machine
-from spectune.control.tune import policy_toml
-from spectune.drafters.pairing import load_target
-from spectune.engines.export import export, refusal_of_draft, target_refusal
 from spectune.engines.names import engine_arg
 from spectune.engines.tuned import Tuning
 from spectune.errors import InvalidParameterError, PromptError
 from spectune.prompts import PromptEncoding, load_prompts, prompt_encoding
+
+if TYPE_CHECKING:
+    from spectune.advise.advisor import AdviseSettings
+    from spectune.advise.engine import MeasuredOn
+    from spectune.advise.schema import Advice
 
 __all__ = ["register"]
 
@@ -66,7 +64,11 @@ def register(subparsers: Any) -> None:
         "advise",
         help="measure candidate drafts, predict and verify their speedup, recommend one (or none)",
     )
-    parser.add_argument("--target", default="default")
+    parser.add_argument(
+        "--target",
+        default="default",
+        help="target model: 'default' (SmolLM2-135M-Instruct), a .gguf file or an HF folder",
+    )
     parser.add_argument(
         "--draft",
         action="append",
@@ -157,6 +159,8 @@ def _settings(
 ) -> AdviseSettings:
     """The settings, ``--quick`` applied where a flag was left at its default; recorded
     traffic's temperatures where it gives them and no --temperatures was given."""
+    from spectune.advise.advisor import AdviseSettings
+
     if args.temperatures is None and traffic_temperatures:
         chosen = traffic_temperatures[:1] if args.quick else traffic_temperatures
         args.temperatures = ",".join(f"{t:g}" for t in chosen)
@@ -199,6 +203,14 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from spectune.advise.advisor import advise
+    from spectune.advise.engine import measured_on, stated
+    from spectune.advise.on_vllm import draft_refusal, vllm_target
+    from spectune.advise.traffic import load_traffic
+    from spectune.control.crossover import curve_for_this_machine
+    from spectune.drafters.pairing import load_target
+    from spectune.engines.export import refusal_of_draft
+
     # Every setting is checked before minutes of loading.
     output_folder(args.out, "--out")
     if args.traces is not None and args.chat_template is not None:
@@ -206,6 +218,9 @@ def run(args: argparse.Namespace) -> int:
     per_category = _per_category(args)
     measured = measured_on(args.engine, args.target, args.runtime)
     args.runtime = measured.runtime  # llama.cpp's kernels for --engine llamacpp, where they run
+    on_vllm = measured.verdict_on == "vllm"  # --engine vllm, installed: vLLM runs the pick
+    if on_vllm:
+        vllm_target(args.target)  # a target vLLM cannot be given: one line, before loading
     traffic = None if args.traces is None else load_traffic(args.traces, per_category)
     settings = _settings(args, () if traffic is None else traffic.temperatures)
     specs = list(args.draft or DEFAULT_DRAFTS)
@@ -213,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
     template = chat_template_from_args(args)
     notes: list[str] = []
     if args.engine != "spectune":
-        specs = _exportable(specs, args, notes)
+        refusal = draft_refusal if on_vllm else partial(refusal_of_draft, engine=args.engine)
+        specs = _exportable(specs, args, notes, refusal)
     set_threads(args.threads)
     chosen = []
     if traffic is None:
@@ -256,8 +272,48 @@ def run(args: argparse.Namespace) -> int:
         advice = advise(target, args.target, specs, prompts, settings, on_progress=on_progress)
     if encoding is not None:
         advice = _with_prompt_format(advice, encoding)
+    if on_vllm:
+        advice, measured = _on_vllm(advice, prompts, settings, args, console)
     _write(stated(advice, measured, args.target), args, console)
     return 0
+
+
+def _on_vllm(
+    advice: Advice,
+    prompts: list[tuple[str, str, list[int]]],
+    settings: AdviseSettings,
+    args: argparse.Namespace,
+    console: Any,
+) -> tuple[Advice, MeasuredOn]:
+    """vLLM runs the configuration the screening picked (``spectune.advise.on_vllm``)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from spectune.advise.engine import measured_on
+    from spectune.advise.on_vllm import check_on_vllm, held_and_warmup, with_check
+
+    held, warmup = held_and_warmup(prompts, settings.verify_prompts)
+    args.out.mkdir(parents=True, exist_ok=True)  # an EAGLE-3 head is written there
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
+    ) as progress:
+        task = progress.add_task("vLLM", total=None)
+
+        def on_step(what: str, done: int, total: int) -> None:
+            progress.update(task, description=what, completed=done, total=total)
+
+        check = check_on_vllm(
+            advice,
+            args.target,
+            held,
+            warmup,
+            max_tokens=settings.max_tokens,
+            quick=args.quick,
+            out=args.out,
+            runtime=args.runtime,
+            on_step=on_step,
+            say=console.print,
+        )
+    return with_check(advice, check, measured_on("vllm", args.target, args.runtime))
 
 
 def _with_prompt_format(advice: Advice, encoding: PromptEncoding) -> Advice:
@@ -268,14 +324,22 @@ def _with_prompt_format(advice: Advice, encoding: PromptEncoding) -> Advice:
     return dataclasses.replace(advice, settings=settings, notes=notes)
 
 
-def _exportable(specs: list[str], args: argparse.Namespace, notes: list[str]) -> list[str]:
-    """The candidates the export's engine can load: a draft it cannot is an error when given
-    with --draft, left out with a note when a default; the target must be one it loads."""
+def _exportable(
+    specs: list[str],
+    args: argparse.Namespace,
+    notes: list[str],
+    refusal: Callable[[str], str | None],
+) -> list[str]:
+    """The candidates the export's engine can load (``refusal``: why it cannot load a
+    draft): a draft it cannot is an error when given with --draft, left out with a note
+    when a default; the target must be one it loads."""
+    from spectune.engines.export import target_refusal
+
     engine = args.engine
     target = target_refusal(args.target, engine)
     if target is not None:
         raise InvalidParameterError(f"--engine {args.engine}: {target}")
-    refused = {spec: refusal_of_draft(spec, engine) for spec in specs}
+    refused = {spec: refusal(spec) for spec in specs}
     reasons = [reason for reason in refused.values() if reason is not None]
     if reasons and args.draft is not None:
         raise InvalidParameterError(f"--engine {args.engine}: {reasons[0]}")
@@ -288,6 +352,17 @@ def _exportable(specs: list[str], args: argparse.Namespace, notes: list[str]) ->
 
 
 def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:
+    from spectune.advise.on_vllm import export_command
+    from spectune.advise.report import (
+        checklist_table,
+        config_table,
+        engine_table,
+        plot,
+        position_table,
+    )
+    from spectune.control.tune import policy_toml
+    from spectune.engines.export import export
+
     args.out.mkdir(parents=True, exist_ok=True)
     outputs = advice.outputs
     verdict = advice.verdict
@@ -300,7 +375,10 @@ def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:
         policy.write_text(policy_toml(spec, (f"spectune advise: {verdict.summary}",)))
         outputs["policy"] = policy.name
         engine = args.engine
-        if engine == "spectune":
+        measured_command = export_command(advice)
+        if measured_command is not None:  # the very config vLLM measured, on its folder
+            command = measured_command
+        elif engine == "spectune":
             command = (
                 f"spectune serve --target {args.target} --draft {best.drafter} "
                 f"--policy-file {policy}"
@@ -324,6 +402,9 @@ def _write(advice: Advice, args: argparse.Namespace, console: Any) -> None:
     advice.write(args.out / "advice.json")
     console.print(position_table(advice))
     console.print(config_table(advice))
+    engines = engine_table(advice)
+    if engines is not None:
+        console.print(engines)
     if advice.checklist:
         console.print(checklist_table(advice))
     for note in advice.notes:

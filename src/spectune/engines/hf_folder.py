@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from spectune.errors import InvalidParameterError, ModelLoadError
+from spectune.models.cache_dir import derived_path
 from spectune.models.llama import LlamaLM
 from spectune.models.loading import (
     NATIVE_FAMILIES,
@@ -53,6 +54,7 @@ __all__ = [
     "compare_logits",
     "convert_target",
     "record_check",
+    "served_folder",
 ]
 
 RECORD = "spectune-convert.json"
@@ -100,6 +102,30 @@ class Conversion:
     sha256: str
     reused: bool  # the folder already held this source's conversion
     check: LogitCheck | None  # the logit check recorded with the folder (None: not run)
+
+
+def served_folder(ref: str | Path) -> tuple[Path, bool]:
+    """The Hugging Face folder an engine serves for target ``ref``, and whether it must be
+    converted first: a model folder (with ``config.json``) as it is; ``default`` or a GGUF
+    converted into spectune's cache (``spectune.models.cache_dir``, keyed by the file's
+    path, size and time), once. A source ``convert_target`` cannot take is a one-line
+    error here, before anything loads."""
+    path = resolve_model_path(ref)
+    if path.is_dir() and (path / "config.json").is_file():
+        return path.resolve(), False
+    out = derived_path(path, "vllm-target")
+    check_source(ref, out)
+    return out, not _converted(path, out)
+
+
+def _converted(path: Path, out: Path) -> bool:
+    """Whether ``out`` holds this source's conversion already, by size and time."""
+    record = _record_of(out)
+    return (
+        record is not None
+        and record.get("format") == FORMAT
+        and (record.get("files") == _stat_key(path))
+    )
 
 
 def check_source(ref: str | Path, out: Path) -> Path:
