@@ -72,7 +72,11 @@ def engine_table(advice: Advice) -> Table | None:
     check = advice.engine_check
     if check is None:
         return None
-    table = Table(title=f"{check.configuration} on each engine (held-apart prompts)")
+    table = Table(
+        title=f"{check.configuration} on each engine (held-apart prompts)",
+        caption="tokens/s: spectune's of decoding steps (prefill excluded), vLLM's of whole "
+        "requests (prefill included)",
+    )
     for column in ("measured on", "plain tok/s", "speculative tok/s", "speedup", "acceptance"):
         table.add_column(column, justify="left" if column == "measured on" else "right")
     run = check.screened

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -293,8 +294,13 @@ def _on_vllm(
 
     held, warmup = held_and_warmup(prompts, settings.verify_prompts)
     args.out.mkdir(parents=True, exist_ok=True)  # an EAGLE-3 head is written there
+    started = time.perf_counter()
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console,
+        transient=True,  # the check's figures are printed with the tables
     ) as progress:
         task = progress.add_task("vLLM", total=None)
 
@@ -313,6 +319,8 @@ def _on_vllm(
             on_step=on_step,
             say=console.print,
         )
+    seconds = advice.seconds + time.perf_counter() - started  # the run's wall, vLLM's too
+    advice = dataclasses.replace(advice, seconds=seconds)
     return with_check(advice, check, measured_on("vllm", args.target, args.runtime))
 
 
