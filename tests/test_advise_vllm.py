@@ -17,10 +17,12 @@ import pytest
 from spectune.advise.engine import measured_on
 from spectune.advise.measure import VerifiedRun
 from spectune.advise.on_vllm import (
+    check_on_vllm,
     draft_refusal,
     export_command,
     held_and_warmup,
     pick,
+    speculative_config,
     with_check,
 )
 from spectune.advise.predict import ConfigPrediction
@@ -280,3 +282,30 @@ def test_replay_interleaves_sums_and_reads_the_counters_around_the_measured_requ
         10,
     )
     assert result.prompts_per_round == (2, 2)
+
+
+def test_the_speculative_config_is_exports_and_a_refusal_starts_no_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from spectune.advise import on_vllm
+
+    config, _ = speculative_config(_prediction("ngram", 2), FOLDER, tmp_path)
+    assert config["method"] == "ngram" and config["num_speculative_tokens"] == 2
+    config, notes = speculative_config(_prediction("suffix", 3), FOLDER, tmp_path)
+    assert config == {"method": "suffix", "num_speculative_tokens": 3}
+    assert any("suffix" in note for note in notes)
+
+    def no_server(*args: Any, **kwargs: Any) -> Replay:
+        raise AssertionError("no server starts for a configuration vLLM cannot load")
+
+    monkeypatch.setattr(on_vllm, "vllm_target", lambda target: (FOLDER, False))
+    monkeypatch.setattr(on_vllm, "replay_off_and_on", no_server)
+    winner = Verdict(True, "smollm2-draft K=2", "speculate with smollm2-draft K=2", ())
+    advice = _advice(winner, ("smollm2-draft K=2", 1.3, (1.3, 1.3)))
+    check = check_on_vllm(
+        advice, "default", [[1, 2]], [3], max_tokens=8, quick=True, out=tmp_path, runtime="auto"
+    )
+    assert check is not None and check.refused and check.speculative_config is None
+    assert check.reason is not None and "vLLM cannot load draft smollm2-draft" in check.reason
+    verdict = vllm_verdict(check)
+    assert verdict is not None and verdict.summary == DO_NOT_SPECULATE_ON_VLLM
