@@ -383,7 +383,7 @@ CLI_CASES: list[tuple[str, str]] = [
     ("distill --answers @W/garbage.txt --out @W/d --steps 1 --target @T", "no answer shards"),
     ("experiment evidence --toy --out-dir @W/ev --tune-report @W", "no such file"),
     # export
-    ("export --to bogus", "argument --to: invalid choice"),
+    ("export --to bogus", "argument --to: unknown engine 'bogus'"),
     ("export --to vllm", ""),
     ("export /nonexistent.json --to vllm", "/nonexistent.json"),
     ("export @W/garbage.txt --to vllm", "garbage.txt"),

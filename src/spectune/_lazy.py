@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 __all__ = ["lazy_exports"]
@@ -19,6 +20,9 @@ __all__ = ["lazy_exports"]
 def lazy_exports(package: str, exports: Mapping[str, Sequence[str]]) -> Callable[[str], Any]:
     """The ``__getattr__`` for ``package``, given ``{module: names}`` of its public names."""
     home = {name: module for module, names in exports.items() for name in names}
+    shadowed = frozenset(name for name, module in home.items() if module == f"{package}.{name}")
+    if shadowed:
+        sys.modules[package].__class__ = type("_Package", (_KeepsExports,), {"shadowed": shadowed})
 
     def __getattr__(name: str) -> Any:
         module = home.get(name)
@@ -29,3 +33,16 @@ def lazy_exports(package: str, exports: Mapping[str, Sequence[str]]) -> Callable
         return value
 
     return __getattr__
+
+
+class _KeepsExports(ModuleType):
+    """A package exporting a name that is also one of its submodules' (``health``, the
+    function in ``spectune.monitor.health``): importing the submodule sets the package's
+    attribute to the module, which would hide the function; the export is kept instead."""
+
+    shadowed: frozenset[str] = frozenset()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.shadowed and isinstance(value, ModuleType):
+            return  # the submodule stays reachable as sys.modules[f"{package}.{name}"]
+        super().__setattr__(name, value)
