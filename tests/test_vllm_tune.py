@@ -306,3 +306,18 @@ def test_eagle_head_flag_wants_a_speculators_folder(
     argv = ["tune", "--engine", "vllm", "--eagle-head", str(tmp_path)]
     assert main(argv) == 2
     assert "not a vLLM EAGLE-3 head" in capsys.readouterr().err
+
+
+def test_decode_seconds_are_the_histograms_sum_over_its_label_sets() -> None:
+    from spectune.engines.vllm.tune import _histogram_sum
+
+    exposition = """# HELP vllm:request_decode_time_seconds Histogram of time spent in DECODE phase.
+# TYPE vllm:request_decode_time_seconds histogram
+vllm:request_decode_time_seconds_bucket{le="1.0",model_name="a"} 1.0
+vllm:request_decode_time_seconds_bucket{le="+Inf",model_name="a"} 2.0
+vllm:request_decode_time_seconds_count{model_name="a"} 2.0
+vllm:request_decode_time_seconds_sum{model_name="a"} 3.5
+vllm:request_decode_time_seconds_sum{model_name="b"} 0.25
+"""
+    assert _histogram_sum(exposition, "vllm:request_decode_time_seconds") == 3.75
+    assert _histogram_sum(exposition, "vllm:request_prefill_time_seconds") == 0.0

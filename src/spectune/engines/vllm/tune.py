@@ -96,6 +96,9 @@ class Batch:
     draft_tokens: int
     accepted: int
     texts: tuple[str, ...] = field(repr=False)  # the answers, in prompt order
+    # vLLM's own decode time over the batch's requests (its request_decode_time_seconds
+    # histogram: first token to last, no prefill, no HTTP); 0 where it exports none
+    decode_seconds: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -115,6 +118,7 @@ class Batch:
             "drafts": self.drafts,
             "draft_tokens": self.draft_tokens,
             "accepted": self.accepted,
+            "decode_seconds": round(self.decode_seconds, 3),
         }
 
 
@@ -139,13 +143,29 @@ def allot(
     return [{level: tuple(next(cells)) for level in levels} for _ in range(rounds)]
 
 
-def _counters(url: str) -> tuple[int, int, int]:
-    """vLLM's (drafts, draft tokens, accepted) so far; zeros without speculation."""
+def _counters(url: str) -> tuple[int, int, int, float]:
+    """vLLM's (drafts, draft tokens, accepted) so far, zeros without speculation, and its
+    requests' decode seconds so far (0 where it exports none)."""
     text = httpx.get(url + "/metrics", timeout=30).text
+    decode = _histogram_sum(text, "vllm:request_decode_time_seconds")
     if "vllm:spec_decode_num_draft_tokens" not in text:
-        return 0, 0, 0
+        return 0, 0, 0, decode
     counts = read_exposition(text, "vllm").counts
-    return (0, 0, 0) if counts is None else (counts.steps, counts.num_draft_tokens, counts.accepted)
+    if counts is None:
+        return 0, 0, 0, decode
+    return counts.steps, counts.num_draft_tokens, counts.accepted, decode
+
+
+def _histogram_sum(text: str, name: str) -> float:
+    """The ``_sum`` of histogram ``name`` over all its label sets (0.0 where absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name + "_sum"
+    )
 
 
 def _request(url: str, model: str, prompt: EvalPrompt, plan: TunePlan) -> tuple[int, str]:
@@ -188,7 +208,13 @@ def run_batch(
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         answers = list(pool.map(lambda p: _request(url, model, p, plan), prompts))
     seconds = time.perf_counter() - start
-    drafts, draft_tokens, accepted = (a - b for a, b in zip(_counters(url), before, strict=True))
+    after = _counters(url)
+    drafts, draft_tokens, accepted, decoded = after
+    drafts, draft_tokens, accepted = (
+        drafts - before[0],
+        draft_tokens - before[1],
+        accepted - before[2],
+    )
     return Batch(
         concurrency,
         len(prompts),
@@ -198,6 +224,7 @@ def run_batch(
         draft_tokens,
         accepted,
         tuple(text for _, text in answers),
+        decode_seconds=max(decoded - before[3], 0.0),
     )
 
 
@@ -424,8 +451,18 @@ def _cost_profile(
         return None
     members = [c for c in plan.candidates[1:] if family is None or c.family == family]
     batches = [screen[c.name][1] for c in members]
-    points = [CostPoint(b.tokens, b.seconds, b.drafts, b.draft_tokens, b.accepted) for b in batches]
     longest = max((b.draft_tokens / b.drafts for b in batches if b.drafts), default=0.0)
+    if off.decode_seconds > 0 and all(b.decode_seconds > 0 for b in batches):
+        # vLLM's decode time: each request's first token comes from its prefill, so its
+        # decode steps made tokens - 1 tokens; prefill and HTTP stay out of the curve.
+        decoded = off.tokens - off.requests
+        points = [
+            CostPoint(b.tokens - b.requests, b.decode_seconds, b.drafts, b.draft_tokens, b.accepted)
+            for b in batches
+        ]
+        if decoded > 0:
+            return fit_costs(off.decode_seconds / decoded, points, max_k=math.ceil(longest))
+    points = [CostPoint(b.tokens, b.seconds, b.drafts, b.draft_tokens, b.accepted) for b in batches]
     return fit_costs(off.seconds / off.tokens, points, max_k=math.ceil(longest))
 
 
