@@ -119,7 +119,7 @@ def register(subparsers: Any) -> None:
         "--max-k",
         type=int,
         default=8,
-        help="largest K predicted, and the K the tuned policy's workload is recorded at (8)",
+        help="largest K predicted, and the K the tuned policy's workload is recorded at",
     )
     parser.add_argument(
         "--tune",

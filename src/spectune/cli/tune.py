@@ -70,12 +70,12 @@ def register(subparsers: Any) -> None:
     add_chat_template_arg(parser, "the prompts' chats (on a model without one they run plain)")
     parser.add_argument("--categories", default=None, help="comma-separated categories to keep")
     parser.add_argument(
-        "--limit-per-category", type=int, default=2, help="dev prompts per category (2)"
+        "--limit-per-category", type=int, default=2, help="dev prompts per category"
     )
     parser.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,0.7")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens decoded per dev prompt")
     parser.add_argument(
-        "--record-k", type=int, default=8, help="fixed K the dev prompts are decoded with (8)"
+        "--record-k", type=int, default=8, help="fixed K the dev prompts are decoded with"
     )
     parser.add_argument(
         "--confirm-prompts",

@@ -40,21 +40,19 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="llama-server to run (default: $LLAMA_SERVER, llama-server on PATH, or "
         f"{BUILT_BINARY} from scripts/build-llama-server.sh)",
     )
-    group.add_argument(
-        "--n-max", default="1,2,3,4,6,8", help="--spec-draft-n-max values (1,2,3,4,6,8)"
-    )
-    group.add_argument("--p-min", default="0,0.5,0.8", help="--spec-draft-p-min values (0,0.5,0.8)")
+    group.add_argument("--n-max", default="1,2,3,4,6,8", help="--spec-draft-n-max values")
+    group.add_argument("--p-min", default="0,0.5,0.8", help="--spec-draft-p-min values")
     group.add_argument(
         "--no-ngram", action="store_true", help="leave out ngram-simple prompt lookup"
     )
     group.add_argument(
-        "--rounds", type=int, default=2, help="interleaved rounds of the confirmation (2)"
+        "--rounds", type=int, default=2, help="interleaved rounds of the confirmation"
     )
     group.add_argument(
         "--finalists",
         type=int,
         default=3,
-        help="best screened flag sets confirmed beside off and llama.cpp's defaults (3)",
+        help="best screened flag sets confirmed beside off and llama.cpp's defaults",
     )
 
 

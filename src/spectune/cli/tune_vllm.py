@@ -39,18 +39,18 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--stream", action="store_true", help="stream every answer (SSE)")
     group.add_argument(
-        "--methods", default="ngram,suffix", help="vLLM's model-free methods to grid (ngram,suffix)"
+        "--methods", default="ngram,suffix", help="vLLM's model-free methods to grid"
     )
-    group.add_argument("--k", default="2,4", help="K values of ngram, suffix, a draft model (2,4)")
+    group.add_argument("--k", default="2,4", help="K values of ngram, suffix, a draft model")
     group.add_argument(
-        "--ngram-lookup", default="2:4", help="prompt_lookup_min:max pairs for ngram (2:4)"
+        "--ngram-lookup", default="2:4", help="prompt_lookup_min:max pairs for ngram"
     )
-    group.add_argument("--suffix-depth", default="24", help="suffix tree depths (24)")
-    group.add_argument("--suffix-min-prob", default="0.1", help="suffix min token probs (0.1)")
+    group.add_argument("--suffix-depth", default="24", help="suffix tree depths")
+    group.add_argument("--suffix-min-prob", default="0.1", help="suffix min token probs")
     group.add_argument(
         "--suffix-cache",
         default="on,off",
-        help="suffix decoding's global cache of earlier answers: on, off or both (on,off)",
+        help="suffix decoding's global cache of earlier answers: on, off or both",
     )
     group.add_argument(
         "--eagle-head",
@@ -71,7 +71,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--noise-z",
         type=float,
         default=2.0,
-        help="standard errors a gain over off must clear at a concurrency to speculate there (2)",
+        help="standard errors a gain over off must clear at a concurrency to speculate there",
     )
     group.add_argument(
         "--quick",
