@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -126,19 +128,46 @@ def test_load_record_says_busy_or_quiet(monkeypatch: pytest.MonkeyPatch) -> None
     assert busy_cores() == BUSY_CORES
 
 
+def _spin_outside_our_tree() -> int:
+    """A process spinning on a core that is not one of ours: its parent shell exits at
+    once, so init adopts it. Its pid."""
+    started = subprocess.run(
+        ["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(started.stdout)
+
+
 def test_a_busy_process_is_seen_by_the_meter(monkeypatch: pytest.MonkeyPatch) -> None:
     """A process that spins beside a measurement shows as about one core of others' load."""
     monkeypatch.delenv("SPECTUNE_BUSY_CORES", raising=False)
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    spinner = _spin_outside_our_tree()
     try:
         meter = LoadMeter()
         subprocess.run([sys.executable, "-c", "import time; time.sleep(1.0)"], check=True)
         record = meter.stop()
     finally:
-        spinner.kill()
-        spinner.wait()
+        os.kill(spinner, signal.SIGKILL)
     assert record.others_cores is not None and record.others_cores > 0.5
     assert record.busy
+
+
+def test_a_process_we_started_is_our_own_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server a measurement starts (vLLM, llama-server) is not other processes' load,
+    while it runs and after it has ended."""
+    monkeypatch.delenv("SPECTUNE_BUSY_CORES", raising=False)
+    meter = LoadMeter()
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)
+        running = meter.stop()
+    finally:
+        child.kill()
+        child.wait()
+    assert running.others_cores is not None and running.others_cores < 0.3
+    assert not running.busy
 
 
 def test_advise_withholds_its_verdict_on_a_busy_machine() -> None:

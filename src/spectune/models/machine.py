@@ -6,7 +6,8 @@ taken on the machine at hand. When other processes take a core, the figure measu
 contention as much as the model (docs/threads.md: decoding 3-6x slower with one of two
 cores busy under libgomp's default spin-wait). ``LoadMeter`` records, over a
 measurement, the load average before and after and the cores other processes used (the
-machine's busy time on this process's CPUs less this process's own CPU time), so that a
+machine's busy time on this process's CPUs less the CPU time of this process and the
+processes it started), so that a
 measurement can say it was disturbed instead of passing the disturbance off as a result.
 """
 
@@ -64,7 +65,7 @@ def load_average() -> float | None:
 @dataclass(frozen=True)
 class CoreSample:
     """CPU time counters at one instant, in seconds: the machine's busy time on this
-    process's CPUs, this process's own CPU time, and the wall clock."""
+    process's CPUs, the CPU time of this process and its descendants, and the wall clock."""
 
     busy: float
     own: float
@@ -91,8 +92,41 @@ class CoreSample:
             # user nice system idle iowait irq softirq steal: stolen time was not ours either
             counts = [int(x) for x in fields[1:9]]
             busy += sum(counts) - counts[3] - counts[4]
+        tick = os.sysconf("SC_CLK_TCK")
         own = os.times()
-        return CoreSample(busy / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.monotonic())
+        ours = own.user + own.system + own.children_user + own.children_system
+        return CoreSample(busy / tick, ours + _descendants_ticks() / tick, time.monotonic())
+
+
+def _descendants_ticks(proc: Path = Path("/proc")) -> int:
+    """CPU time of this process's live descendants, in clock ticks: the servers a
+    measurement starts (vLLM's engine and workers, llama-server) are its own work, not
+    other processes' load. Finished children count through ``os.times`` once waited for."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text(encoding="ascii", errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        # pid (comm) state ppid ... utime stime: comm may hold spaces and parentheses
+        fields = text[text.rfind(")") + 2 :].split()
+        try:
+            parents[int(entry.name)] = int(fields[1])
+            ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+        except (IndexError, ValueError):
+            continue
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    total, stack = 0, list(children.get(os.getpid(), []))
+    while stack:
+        pid = stack.pop()
+        total += ticks.get(pid, 0)
+        stack.extend(children.get(pid, []))
+    return total
 
 
 def others_cores(before: CoreSample, after: CoreSample) -> float:
