@@ -321,3 +321,22 @@ vllm:request_decode_time_seconds_sum{model_name="b"} 0.25
 """
     assert _histogram_sum(exposition, "vllm:request_decode_time_seconds") == 3.75
     assert _histogram_sum(exposition, "vllm:request_prefill_time_seconds") == 0.0
+
+
+def test_a_one_k_method_speculates_at_one_k_or_not_at_all() -> None:
+    """vLLM's suffix proposer asserts that a range's K equals num_speculative_tokens: its
+    schedule holds one K and 0s, the K whose levels gain most together."""
+    by_level = {
+        1: {2: Ratio(1.20, 0.01, 3), 4: Ratio(1.30, 0.01, 3)},
+        2: {2: Ratio(1.25, 0.01, 3), 4: Ratio(1.10, 0.01, 3)},
+        4: {2: Ratio(1.05, 0.01, 3), 4: Ratio(0.90, 0.01, 3)},
+        8: {2: Ratio(0.95, 0.01, 3), 4: Ratio(0.85, 0.01, 3)},
+    }
+    free, _ = build_schedule(by_level, z=2.0)
+    assert free == {1: 4, 2: 2, 4: 2, 8: 0}
+    k_at, ranges = build_schedule(by_level, z=2.0, one_k=True)
+    assert k_at == {1: 2, 2: 2, 4: 2, 8: 0}  # 1.20 x 1.25 x 1.05 beats 1.30 x 1.10
+    assert {k for _, _, k in ranges} == {0, 2}
+    vllm_accepts(ranges)
+    nothing = {1: {4: Ratio(0.99, 0.01, 3)}}
+    assert build_schedule(nothing, z=2.0, one_k=True)[0] == {1: 0}

@@ -29,9 +29,9 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,8 +40,9 @@ import httpx
 
 from spectune.engines.costs import StepCosts
 from spectune.engines.metrics import read_exposition
+from spectune.engines.process import EngineStartError
 from spectune.engines.vllm.server import VllmSettings, vllm_server
-from spectune.engines.vllm.tune_grid import Candidate
+from spectune.engines.vllm.tune_grid import ONE_K_METHODS, Candidate
 from spectune.engines.vllm.tune_schedule import (
     CostPoint,
     Guarded,
@@ -347,9 +348,24 @@ def _se(values: Sequence[float]) -> float | None:
     return round(statistics.stdev(values) / math.sqrt(len(values)), 3)
 
 
+def _log(plan: TunePlan, name: str) -> Path:
+    return plan.log_dir / (name.replace(" ", "_").replace("/", "_") + ".log")
+
+
 def _server(plan: TunePlan, name: str, config: Mapping[str, Any] | None) -> Any:
-    log = plan.log_dir / (name.replace(" ", "_").replace("/", "_") + ".log")
-    return vllm_server(VllmSettings(plan.target, config), log=log)
+    return vllm_server(VllmSettings(plan.target, config), log=_log(plan, name))
+
+
+@contextmanager
+def _answering(plan: TunePlan, name: str) -> Iterator[None]:
+    """A server that stops answering while it is measured ends the run in one line that
+    names its log (vLLM's engine can die on a configuration it accepted at start)."""
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        raise EngineStartError(
+            f"vLLM ({name}) stopped answering ({exc}); its log: {_log(plan, name)}"
+        ) from exc
 
 
 def _warm(url: str, plan: TunePlan) -> None:
@@ -369,7 +385,8 @@ def _screen(
     out: dict[str, dict[int, Batch]] = {}
     for candidate in plan.candidates:
         on_start(f"screening {candidate.name}")
-        with _server(plan, "screen " + candidate.name, candidate.config) as url:
+        name = "screen " + candidate.name
+        with _server(plan, name, candidate.config) as url, _answering(plan, name):
             _warm(url, plan)
             out[candidate.name] = {}
             for level in plan.levels:
@@ -400,7 +417,8 @@ def _pick(
             level: {c.k: Ratio(screened(c, level), None, 1) for c in members}
             for level in plan.levels
         }
-        k_at, _ = build_schedule(by_level, z=0.0)
+        one_k = any(c.config is not None and c.config["method"] in ONE_K_METHODS for c in members)
+        k_at, _ = build_schedule(by_level, z=0.0, one_k=one_k)
         choices[family] = k_at
         gains = [max(1.0, by_level[level][k].mean) if k else 1.0 for level, k in k_at.items()]
         score = math.exp(statistics.fmean(math.log(g) for g in gains))
@@ -425,7 +443,8 @@ def _confirm(
         for name in names:
             on_start(f"starting {name}")
             urls[name] = stack.enter_context(_server(plan, "confirm " + name, configs[name]))
-            _warm(urls[name], plan)
+            with _answering(plan, "confirm " + name):
+                _warm(urls[name], plan)
         for r, cells in enumerate(plan.confirm_cells):
             for name in names:
                 out[name].append({})
@@ -433,7 +452,8 @@ def _confirm(
                 order = names if (r + j) % 2 == 0 else names[::-1]
                 for name in order:
                     on_start(f"round {r + 1}: {name} at concurrency {level}")
-                    batch = run_batch(urls[name], str(plan.target), cells[level], level, plan)
+                    with _answering(plan, "confirm " + name):
+                        batch = run_batch(urls[name], str(plan.target), cells[level], level, plan)
                     out[name][r][level] = batch
                     on_batch()
     return out

@@ -26,9 +26,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MODEL_FREE", "QUICK", "Candidate", "Grid", "candidates"]
+__all__ = ["MODEL_FREE", "ONE_K_METHODS", "QUICK", "Candidate", "Grid", "candidates"]
 
 MODEL_FREE = ("ngram", "suffix")
+# Methods that draft at their num_speculative_tokens or not at all: in a batch-size
+# schedule their ranges' K must be 0 or that bound (vLLM 0.32's suffix proposer asserts
+# it; ngram and the EAGLE family take any K up to it).
+ONE_K_METHODS = frozenset({"suffix"})
 SUFFIX_CACHE_ON = 10000  # vLLM's default suffix_decoding_max_cached_requests
 
 

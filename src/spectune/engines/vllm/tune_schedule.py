@@ -119,12 +119,29 @@ def schedule_ranges(k_at: Mapping[int, int]) -> list[Range]:
 
 
 def build_schedule(
-    by_level: Mapping[int, Mapping[int, Ratio]], z: float
+    by_level: Mapping[int, Mapping[int, Ratio]], z: float, *, one_k: bool = False
 ) -> tuple[dict[int, int], list[Range]]:
     """``by_level[c][K]``: one family's ratio at level c with K. The K per level
-    (``pick_k``) and vLLM's ranges for it."""
-    k_at = {level: pick_k(ratios, z) for level, ratios in by_level.items()}
-    return k_at, schedule_ranges(k_at)
+    (``pick_k``) and vLLM's ranges for it.
+
+    ``one_k``: the method drafts at its ``num_speculative_tokens`` or not at all (vLLM
+    0.32's ``suffix`` proposer asserts that a range's K equals it), so every level that
+    speculates gets the same K: the one whose levels, each at that K where it beats off
+    beyond the noise and 0 elsewhere, gain most (geometric mean over the levels)."""
+    if not one_k:
+        k_at = {level: pick_k(ratios, z) for level, ratios in by_level.items()}
+        return k_at, schedule_ranges(k_at)
+    best: tuple[float, int, dict[int, int]] = (1.0, 0, {level: 0 for level in by_level})
+    for k in sorted({k for ratios in by_level.values() for k in ratios if k > 0}):
+        k_at = {
+            level: k if k in ratios and beats_off(ratios[k], z) else 0
+            for level, ratios in by_level.items()
+        }
+        gains = [by_level[level][k].mean if used else 1.0 for level, used in k_at.items()]
+        score = math.exp(sum(math.log(g) for g in gains) / len(gains))
+        if score > best[0]:
+            best = (score, k, k_at)
+    return best[2], schedule_ranges(best[2])
 
 
 @dataclass(frozen=True)
