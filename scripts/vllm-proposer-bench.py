@@ -1,19 +1,26 @@
 """vLLM's own speculation methods beside spectune's proposer, on held-apart prompts.
 
     .venv/bin/python scripts/vllm-proposer-bench.py [--k 4] [--max-tokens 96] [--rounds 1]
-        [--methods off,ngram,suffix,suffix-default,spectune] [--concurrency 1,4]
-        [--per-cell 4] [--json out.json]
+        [--methods off,empty,ngram,suffix,suffix-default,spectune,spectune-cost]
+        [--costs FILE] [--concurrency 1,4] [--per-cell 4] [--json out.json]
 
 Needs vLLM's venv (``make vllm``). Each method gets its own vLLM server on the converted
 default target (the settings of ``spectune.engines.vllm.VllmSettings``); one server runs at
 a time. Methods:
 
 - ``off``             no speculation.
+- ``empty``           vLLM's speculative path with a proposer that drafts nothing
+                      (``NoDraftProposer``): what speculation costs vLLM per step before
+                      any draft, the best a method reaches where drafting does not pay on
+                      a vLLM left as it is (spectune's proposer skips part of that cost:
+                      its option ``patch_sampler``).
 - ``ngram``           vLLM's prompt lookup (its default n-gram size, 5) at K.
 - ``suffix``          vLLM's suffix decoding (arctic-inference) at K.
 - ``suffix-default``  suffix decoding at its default bound (K = its tree depth, 24).
 - ``spectune``        spectune's proposer (``spectune.engines.vllm.proposer``) at K <= K:
                       its default drafter and policy, its trace read for the fallbacks.
+- ``spectune-cost``   the proposer with policy ``cost`` on the cost profile ``--costs``
+                      (``spectune tune --engine vllm`` writes it as OUT-costs.json).
 
 Prompt groups, none of them in the shipped suffix index's corpus (the target's answers to
 its training prompts): where drafting pays, greedy summarisation and code-edit prompts of
@@ -47,10 +54,12 @@ from typing import Any
 
 import httpx
 
+from spectune.engines.costs import load_costs
 from spectune.engines.hf_folder import convert_target
 from spectune.engines.metrics import read_exposition
 from spectune.engines.vllm import VllmSettings, vllm_server
 from spectune.engines.vllm.options import PROPOSER_CLASS
+from spectune.errors import InvalidParameterError
 from spectune.monitor.trace import read_trace
 from spectune.prompts import load_prompts
 
@@ -77,7 +86,7 @@ def cells(per_cell: int, concurrency: list[int]) -> list[tuple[str, int, float, 
     creative = [[{"role": "user", "content": c}] for c in CREATIVE]
     wanted = per_cell * len(concurrency)
     if wanted > min(len(summaries) + len(edits), len(creative)):
-        raise SystemExit(f"spectune: error: --per-cell {per_cell} needs more held-out prompts")
+        raise ValueError(f"--per-cell {per_cell} needs more held-out prompts")
     out = []
     for j, c in enumerate(concurrency):
         pays = edits[j : j + 1] + summaries[j * per_cell : (j + 1) * per_cell]
@@ -86,18 +95,31 @@ def cells(per_cell: int, concurrency: list[int]) -> list[tuple[str, int, float, 
     return out
 
 
+METHODS = ("off", "empty", "ngram", "suffix", "suffix-default", "spectune", "spectune-cost")
+NO_DRAFTS = "spectune.engines.vllm.proposer.NoDraftProposer"
+
+
 def speculative_config(method: str, k: int) -> dict[str, Any] | None:
+    proposer = {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": k}
     return {
         "off": None,
+        "empty": {"method": "custom_class", "model": NO_DRAFTS, "num_speculative_tokens": k},
         "ngram": {"method": "ngram", "num_speculative_tokens": k},
         "suffix": {"method": "suffix", "num_speculative_tokens": k},
         "suffix-default": {"method": "suffix"},
-        "spectune": {
-            "method": "custom_class",
-            "model": PROPOSER_CLASS,
-            "num_speculative_tokens": k,
-        },
+        "spectune": proposer,
+        "spectune-cost": proposer,
     }[method]
+
+
+def proposer_options(method: str, trace: Path, costs: Path | None) -> dict[str, Any] | None:
+    """The proposer's ``spectune`` table for a spectune method (None for vLLM's own)."""
+    if method == "spectune":
+        return {"trace": str(trace)}
+    if method == "spectune-cost":
+        assert costs is not None  # main() refuses spectune-cost without --costs
+        return {"trace": str(trace), "policy": "cost", "costs": str(costs)}
+    return None
 
 
 def counters(url: str) -> tuple[int, int]:
@@ -161,10 +183,11 @@ def fallbacks(trace: Path) -> dict[str, dict[str, Any]]:
 def serve_and_run(method: str, args: argparse.Namespace, model: Path, work: Path) -> dict[str, Any]:
     spec = speculative_config(method, args.k)
     trace = work / f"{method}-trace.jsonl"
+    options = proposer_options(method, trace, args.costs)
     extra: tuple[str, ...] = ()
-    if method == "spectune":
+    if options is not None:
         trace.unlink(missing_ok=True)
-        extra = ("--additional-config", json.dumps({"spectune": {"trace": str(trace)}}))
+        extra = ("--additional-config", json.dumps({"spectune": options}))
     log = work / f"{method}.log"
     result: dict[str, Any] = {"method": method, "load_before": os.getloadavg()[0], "groups": {}}
     with vllm_server(VllmSettings(model, spec, extra_args=extra), log=log) as url:
@@ -175,7 +198,7 @@ def serve_and_run(method: str, args: argparse.Namespace, model: Path, work: Path
             print(f"  {method:15} {name:20} c={c}: {run}", flush=True)
     result["load_after"] = os.getloadavg()[0]
     result["threads"] = threads_of(log)
-    if method == "spectune":
+    if options is not None:
         result["fallbacks"] = fallbacks(trace)
     return result
 
@@ -207,24 +230,46 @@ def table(rounds: list[list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def error(message: str) -> None:
+    print(f"spectune: error: {message}", file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--k", type=int, default=4, help="the K bound of every method")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--per-cell", type=int, default=4, help="prompts per group and concurrency")
-    parser.add_argument("--methods", default="off,ngram,suffix,spectune")
+    parser.add_argument("--methods", default="off,ngram,suffix,spectune", help=", ".join(METHODS))
+    parser.add_argument(
+        "--costs", type=Path, default=None, help="the cost profile spectune-cost prices K on"
+    )
     parser.add_argument("--concurrency", default="1,4")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args()
     methods = args.methods.split(",")
-    unknown = [
-        m for m in methods if m not in ("off", "ngram", "suffix", "suffix-default", "spectune")
-    ]
+    unknown = [m for m in methods if m not in METHODS]
     if unknown or args.k < 1 or args.rounds < 1 or args.max_tokens < 1:
-        print(f"spectune: error: bad arguments ({', '.join(unknown) or 'k, rounds, max-tokens'})")
+        error(f"bad arguments ({', '.join(unknown) or 'k, rounds, max-tokens'})")
         return 2
-    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    if "spectune-cost" in methods:
+        if args.costs is None:
+            error("method spectune-cost needs --costs FILE (spectune tune --engine vllm writes it)")
+            return 2
+        try:
+            load_costs(args.costs)
+        except InvalidParameterError as exc:
+            error(str(exc))
+            return 2
+        args.costs = args.costs.resolve()  # the server reads it from its own directory
+    try:
+        args.concurrency = [int(c) for c in args.concurrency.split(",")]
+        if min(args.concurrency) < 1 or args.per_cell < 1:
+            raise ValueError("--concurrency and --per-cell must be positive")
+        cells(args.per_cell, args.concurrency)  # enough prompts, before any server starts
+    except ValueError as exc:
+        error(str(exc))
+        return 2
     work = Path(tempfile.mkdtemp(prefix="vllm-proposer-bench-"))
     model = work / "target"
     convert_target("default", model)

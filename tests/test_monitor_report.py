@@ -26,6 +26,7 @@ from spectune.monitor import (
     read_trace,
 )
 from spectune.monitor.trace import to_json
+from spectune.records import StepRecord
 from spectune.sampling import SamplingParams
 
 PROMPT = [1, 30, 31, 32]  # the toy target decodes 64 tokens from it without EOS
@@ -145,6 +146,33 @@ def test_trace_writer_accepts_a_stream(tmp_path: Path) -> None:
         assert not handle.closed
     (request,) = read_trace(path)
     assert request.steps[0].record == fake_record(2, 1) and request.steps[0].policy == {"k": 2}
+
+
+def test_a_step_event_holds_every_record_field_as_to_json_writes_it(tmp_path: Path) -> None:
+    record = StepRecord(
+        index=3,
+        k=2,
+        num_draft_tokens=2,
+        accepted=1,
+        emitted=(5, 6),
+        draft_time=0.001,
+        target_time=0.01,
+        step_time=0.0125,
+        fallback="local: acceptance below 50%",
+        finish_reason="eos",
+        verify_groups=2,
+        tree_depth=2,
+        verify_peak_bytes=1024,
+        shadow_hit=True,
+    )
+    path = tmp_path / "t.jsonl"
+    with TraceWriter(path, autoflush=False) as writer:
+        writer.step("a", record, {"k": 2})
+        assert path.read_text() == ""  # buffered until flushed
+        writer.flush()
+        event = json.loads(path.read_text())
+    assert {name: event[name] for name in to_json(record)} == to_json(record)
+    assert read_trace(path)[0].steps[0].record == record
 
 
 def test_traces_from_before_the_rename_still_load(tmp_path: Path) -> None:

@@ -10,7 +10,10 @@ scheduler does.
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import json
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +29,7 @@ from spectune.draft import Draft
 from spectune.drafters.base import TargetFeatures
 from spectune.engines.vllm.controller import DraftShareCheck, RowController
 from spectune.engines.vllm.options import DraftShareConfig, parse_settings
-from spectune.engines.vllm.proposer import SpectuneProposer, cost_curve_of
+from spectune.engines.vllm.proposer import NoDraftProposer, SpectuneProposer, cost_curve_of
 from spectune.engines.vllm.rows import RequestTable, row_steps
 from spectune.errors import InvalidParameterError
 from spectune.monitor.hub import Monitor
@@ -441,6 +444,7 @@ def test_k_stays_within_the_bound_and_the_room_left() -> None:
         ({"policy": "cost"}, "needs a cost profile"),
         ({"policy": "greedy"}, "policy must be one of"),
         ({"metrics_port": 70000}, "metrics_port"),
+        ({"patch_sampler": "yes"}, "patch_sampler"),
         ({"trace_file": "x"}, "unknown spectune option"),
         ({"global": {"max_draft_ratio": 0}}, "max_draft_ratio"),
         ({"policy_options": 3}, "must be a table"),
@@ -532,6 +536,105 @@ def test_a_cost_profile_prices_k(tmp_path: Path) -> None:
     assert engine.per_request["a"].accepted > 0
 
 
+class CountingStream(io.StringIO):
+    """A text stream that counts its flushes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+def test_a_step_puts_its_trace_on_disk_in_one_flush(tmp_path: Path) -> None:
+    """Every row's step is on disk when ``step`` returns, written with one flush per
+    engine step rather than one per row."""
+    stream = CountingStream()
+    engine, _ = simulated(TraceWriter(stream, autoflush=False), {1: 99, 2: 0, 3: 2})
+    for first, request in enumerate("abc", 1):
+        engine.submit(request, first, prompt_len=4, max_tokens=60)
+    engine.run(12)
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert sum(e["event"] == "step" for e in events) == 3 * 11  # the first step is prefill's
+    assert stream.flushes == 12
+
+    path = tmp_path / "trace.jsonl"
+    writer = TraceWriter(path, autoflush=False)
+    engine, _ = simulated(writer, {1: 99, 2: 0, 3: 2})
+    for first, request in enumerate("abc", 1):
+        engine.submit(request, first, prompt_len=4, max_tokens=60)
+    engine.run(12)
+    on_disk = per_request_trace(path)  # read before the writer closes
+    assert {r: len(t["k"]) for r, t in on_disk.items()} == {"a": 11, "b": 11, "c": 11}
+    writer.close()
+
+
+def test_the_proposer_keeps_counters_only_where_they_are_served() -> None:
+    proposer = SpectuneProposer(vllm_config({"drafter": "ngram"}))
+    assert proposer.controller.monitor.exporter is None
+    assert proposer.controller.monitor.trace is None
+    proposer.close()
+
+
+def test_the_no_draft_proposer_drafts_nothing_for_every_row() -> None:
+    proposer = NoDraftProposer(vllm_config({}))
+    proposer.load_model(object())
+    batch = FakeBatch()
+    drafts = proposer.propose([[1], [], [2, 3]], batch.num_tokens_no_spec, batch.token_ids_cpu)
+    assert drafts == [[], [], []]
+
+
+def bench_script() -> Any:
+    """scripts/vllm-proposer-bench.py as a module."""
+    path = Path(__file__).parents[1] / "scripts" / "vllm-proposer-bench.py"
+    spec = importlib.util.spec_from_file_location("vllm_proposer_bench", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--methods", "off,spectune-cost"], "spectune-cost needs --costs FILE"),
+        (["--methods", "spectune-cost", "--costs", "missing.json"], "cannot read the cost"),
+        (["--methods", "off,eagle"], "bad arguments (eagle)"),
+        (["--concurrency", "1,x"], "invalid literal"),
+        (["--per-cell", "9"], "needs more held-out prompts"),
+    ],
+)
+def test_the_bench_refuses_bad_arguments_in_one_line(
+    argv: list[str],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bench = bench_script()
+    monkeypatch.setattr(sys, "argv", ["vllm-proposer-bench.py", *argv])
+    assert bench.main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spectune: error: ") and message in err and err.count("\n") == 1
+
+
+def test_the_bench_runs_the_cost_policy_on_the_given_profile(tmp_path: Path) -> None:
+    bench = bench_script()
+    trace, costs = tmp_path / "t.jsonl", tmp_path / "costs.json"
+    assert bench.proposer_options("off", trace, None) is None
+    assert bench.proposer_options("spectune", trace, None) == {"trace": str(trace)}
+    options = bench.proposer_options("spectune-cost", trace, costs)
+    assert options == {"trace": str(trace), "policy": "cost", "costs": str(costs)}
+    config = bench.speculative_config("spectune-cost", 4)
+    assert config == bench.speculative_config("spectune", 4)
+    assert config["method"] == "custom_class" and config["num_speculative_tokens"] == 4
+    assert bench.speculative_config("suffix-default", 4) == {"method": "suffix"}
+    empty = bench.speculative_config("empty", 4)
+    module, name = empty["model"].rsplit(".", 1)
+    assert getattr(importlib.import_module(module), name) is NoDraftProposer
+
+
 # --- live: a real vLLM (make vllm) serving with the proposer -------------------------
 
 
@@ -595,6 +698,8 @@ def test_vllm_serves_with_the_proposer(tmp_path: Path, capsys: pytest.CaptureFix
         for thread in threads:
             thread.join()
         counters = read_exposition(httpx.get(url + "/metrics", timeout=30).text).counts
+        log = (tmp_path / "proposer.log").read_text(errors="replace")
+        assert "sampler skips its recovered-token noise on steps without drafts" in log
         assert main(["watch", f"http://127.0.0.1:{port}", "--once", "--json"]) == 0
         watched = json.loads(capsys.readouterr().out)
 

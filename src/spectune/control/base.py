@@ -12,7 +12,7 @@ the same plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from spectune.errors import InvalidParameterError
@@ -70,7 +70,8 @@ class StepPlan:
         """This plan with K at most ``max_k`` (the group table cut to match) and ``reason``."""
         k = min(self.k, max_k)
         groups = None if self.verify_groups is None else self.verify_groups[: k + 1]
-        return replace(self, k=k, verify_groups=groups, reason=reason)
+        # Built directly, not with dataclasses.replace: this runs for every held row's step.
+        return StepPlan(k, groups, reason, shadow=self.shadow)
 
 
 @runtime_checkable

@@ -303,6 +303,8 @@ class Guarded:
         self.inner = inner
         self.checks = tuple(checks)
         self.name = name
+        # Asked once: a runtime-checkable protocol's isinstance is slow for a per-step check.
+        self._inner_state = inner.state if isinstance(inner, ReportsState) else None
 
     def _holds(self) -> list[Hold]:
         return [hold for check in self.checks if (hold := check.check()) is not None]
@@ -325,8 +327,8 @@ class Guarded:
 
     def state(self) -> PolicyState:
         state: PolicyState = {"policy": self.name, "next_k": self.plan().k}
-        if isinstance(self.inner, ReportsState):
-            state.update(self.inner.state())
+        if self._inner_state is not None:
+            state.update(self._inner_state())
         for check in self.checks:
             state.update({f"{check.kind}.{key}": value for key, value in check.state().items()})
         holds = self._holds()

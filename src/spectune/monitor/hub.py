@@ -95,6 +95,11 @@ class Monitor:
         with self._lock:
             return self.stats.snapshot()
 
+    def flush(self) -> None:
+        """Put the trace written so far on disk (a trace without ``autoflush``)."""
+        if self.trace is not None:
+            self.trace.flush()
+
     def _stalled(self, request_id: str, reason: str) -> None:
         """A request's first ``STALL_STEPS`` steps all fell back for ``reason``."""
         with self._lock:
@@ -115,6 +120,8 @@ class RequestMonitor:
         self.parent = parent
         self.request_id = request_id
         self.policy = policy
+        # Asked once: a runtime-checkable protocol's isinstance is slow for a per-step check.
+        self._policy_state = policy.state if isinstance(policy, ReportsState) else None
         self.stats = SpecStats(**parent._settings)
         self.stats.requests = 1
         self.finished = False
@@ -136,7 +143,7 @@ class RequestMonitor:
             if parent.exporter is not None:
                 parent.exporter.observe(numbers)
         if parent.trace is not None:
-            state = self.policy.state() if isinstance(self.policy, ReportsState) else None
+            state = None if self._policy_state is None else self._policy_state()
             parent.trace.step(self.request_id, record, state)
         if record.finish_reason is not None:
             self.finish()

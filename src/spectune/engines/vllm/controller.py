@@ -125,6 +125,7 @@ class _Request:
     drafter: Drafter
     monitor: RequestMonitor
     params: SamplingParams
+    guesses: bool  # whether a plain step may check the drafter's guess (``guesses``)
     steps: int = 0
     plan: StepPlan | None = None  # the plan of the step in flight (None: the prefill's)
     draft_time: float = 0.0  # seconds drafting the step in flight
@@ -201,7 +202,8 @@ class RowController:
         }
         monitor = self.monitor.request(policy=policy, request_id=request, info=info)
         drafter = fresh_drafter(self.drafter)
-        return _Request(policy, drafter, monitor, SamplingParams(temperature=temperature))
+        params = SamplingParams(temperature=temperature)
+        return _Request(policy, drafter, monitor, params, guesses(drafter, params))
 
     def _close(self, request: str, state: _Request) -> None:
         state.monitor.finish()
@@ -237,6 +239,7 @@ class RowController:
                 self._credit(state, row, context, target_time, step_time)
             drafts.append(self._draft(state, row, context, hold))
         self._last_drafted = any(drafts)
+        self.monitor.flush()  # this step's trace events, in one write
         self._last_start, self._last_end = start, self.clock()
         return drafts
 
@@ -285,7 +288,7 @@ class RowController:
         began = self.clock()
         try:
             if plan.k == 0:
-                if plan.shadow and guesses(state.drafter, state.params):
+                if plan.shadow and state.guesses:
                     state.guess = shadow_guess(state.drafter, context, state.params, None)
                 return []
             draft = state.drafter.propose(context, plan.k, state.params, None)

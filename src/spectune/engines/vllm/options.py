@@ -34,6 +34,9 @@ with its default:
 - ``trace``           a file for spectune's JSON-lines step trace (``spectune report``).
 - ``metrics_port``    serve spectune's counters at ``http://127.0.0.1:PORT/metrics``
                       (``spectune watch`` reads them); none when absent.
+- ``patch_sampler``   true: on steps where no row has a draft token, vLLM's rejection
+                      sampler skips the noise it draws for recovered tokens
+                      (``spectune.engines.vllm.patches``; output unchanged).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class _Scalars:
     costs: str | None = None
     trace: str | None = None
     metrics_port: int | None = None
+    patch_sampler: bool = True
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class ProposerSettings:
     draft_share: DraftShareConfig = field(default_factory=DraftShareConfig)
     trace: str | None = None
     metrics_port: int | None = None
+    patch_sampler: bool = True
 
 
 def _policy_defaults(policy: str, max_k: int) -> dict[str, Any]:
@@ -147,4 +152,5 @@ def parse_settings(options: object, max_k: int) -> ProposerSettings:
         draft_share=options_into(DraftShareConfig, draft_share, "global"),
         trace=scalars.trace,
         metrics_port=port,
+        patch_sampler=scalars.patch_sampler,
     )

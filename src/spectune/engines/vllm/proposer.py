@@ -23,6 +23,10 @@ passed) and its ``requests`` table. A vLLM that calls ``propose`` from elsewhere
 check on the first step with one line saying so, rather than drafting for the wrong
 requests.
 
+One thing of vLLM's own step changes while the class is loaded (option ``patch_sampler``,
+``spectune.engines.vllm.patches``): on a step where no row has a draft token, its
+rejection sampler skips the noise it would draw for recovered tokens.
+
 This module runs inside vLLM's own virtualenv (``make vllm``), where spectune is installed
 without its dependencies: it imports only what works there (numpy, torch, numba,
 prometheus_client and transformers come with vLLM).
@@ -30,6 +34,7 @@ prometheus_client and transformers come with vLLM).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from pathlib import Path
@@ -46,12 +51,13 @@ from spectune.drafters.suffix_history import HistoryStore
 from spectune.engines.costs import load_costs
 from spectune.engines.vllm.controller import RowController
 from spectune.engines.vllm.options import ProposerSettings, parse_settings
+from spectune.engines.vllm.patches import skip_idle_noise
 from spectune.errors import InvalidParameterError
 from spectune.models.tokenizer import load_tokenizer
 from spectune.monitor.hub import Monitor
 from spectune.monitor.trace import TraceWriter
 
-__all__ = ["SpectuneProposer", "cost_curve_of", "vllm_drafter"]
+__all__ = ["NoDraftProposer", "SpectuneProposer", "cost_curve_of", "patch_sampler", "vllm_drafter"]
 
 log = logging.getLogger("vllm.spectune")  # under vLLM's logger: its handler prints it
 
@@ -92,6 +98,16 @@ def _calling_runner(frame: FrameType | None, token_ids_cpu: object) -> Any:
     return runner
 
 
+def patch_sampler() -> str:
+    """``skip_idle_noise`` on the vLLM this process runs (``patch_sampler``); one line on
+    what was done."""
+    try:
+        module = importlib.import_module("vllm.v1.sample.rejection_sampler")
+    except ImportError:
+        return "no vLLM in this process: its rejection sampler is left as it is"
+    return skip_idle_noise(module)
+
+
 class SpectuneProposer:
     """vLLM's ``custom_class`` proposer (module docstring)."""
 
@@ -103,8 +119,11 @@ class SpectuneProposer:
         model = vllm_config.model_config
         drafter = vllm_drafter(settings, model.tokenizer, model.get_vocab_size(), model.model)
         curve = cost_curve_of(settings.costs) if settings.costs else None
-        registry = CollectorRegistry()
-        trace = TraceWriter(settings.trace) if settings.trace else None
+        # Only what is read costs a step: counters where they are served, and the trace
+        # flushed once per engine step (``RowController.step``), not once per row.
+        port = settings.metrics_port
+        registry = CollectorRegistry() if port is not None else None
+        trace = TraceWriter(settings.trace, autoflush=False) if settings.trace else None
         monitor = Monitor(registry=registry, trace=trace, on_warning=log.warning)
         self.trace = trace
         self.controller = RowController(
@@ -115,14 +134,15 @@ class SpectuneProposer:
             cost_curve=curve,
             info={"engine": "vllm", "target": str(model.model)},
         )
-        if settings.metrics_port is not None:
+        if port is not None and registry is not None:
             try:
-                start_http_server(settings.metrics_port, addr="127.0.0.1", registry=registry)
+                start_http_server(port, addr="127.0.0.1", registry=registry)
             except OSError as exc:
                 raise InvalidParameterError(
-                    f"cannot serve spectune's metrics on port {settings.metrics_port}: "
-                    f"{exc.strerror}"
+                    f"cannot serve spectune's metrics on port {port}: {exc.strerror}"
                 ) from None
+        if settings.patch_sampler:
+            log.info("spectune: %s", patch_sampler())
         self._runner: Any = None
         log.info(
             "spectune proposer: %s, policy %s (K <= %d%s), trace %s, metrics %s",
@@ -158,3 +178,24 @@ class SpectuneProposer:
         if runner is None or runner.input_batch.token_ids_cpu is not token_ids_cpu:
             runner = self._runner = _calling_runner(sys._getframe(1), token_ids_cpu)
         return self.controller.step(runner.input_batch, runner.requests, sampled_token_ids)
+
+
+class NoDraftProposer:
+    """A ``custom_class`` proposer that drafts nothing. vLLM started with it runs its
+    speculative path on every step (draft metadata, the rejection sampler instead of the
+    plain one, the engine's extra call for the drafts) and verifies no draft token: its
+    speed against vLLM without speculation is the best a proposer reaches where drafting
+    does not pay, on a vLLM left as it is (``scripts/vllm-proposer-bench.py``'s ``empty``
+    method; it does not patch the sampler)."""
+
+    def __init__(self, vllm_config: object) -> None:
+        """Nothing to configure."""
+
+    def load_model(self, *args: object, **kwargs: object) -> None:
+        """Nothing to load."""
+
+    def propose(
+        self, sampled_token_ids: list[list[int]], *rest: object, **named: object
+    ) -> list[list[int]]:
+        """[rows] an empty draft for every row (only the row count is read)."""
+        return [[] for _ in sampled_token_ids]
