@@ -324,8 +324,9 @@ vllm:request_decode_time_seconds_sum{model_name="b"} 0.25
 
 
 def test_a_one_k_method_speculates_at_one_k_or_not_at_all() -> None:
-    """vLLM's suffix proposer asserts that a range's K equals num_speculative_tokens: its
-    schedule holds one K and 0s, the K whose levels gain most together."""
+    """vLLM's suffix proposer asserts that every step's K equals num_speculative_tokens
+    (a 0 range included): one K at every batch size, the one with the best geometric mean
+    over the levels, kept only where it lost to off beyond the noise nowhere."""
     by_level = {
         1: {2: Ratio(1.20, 0.01, 3), 4: Ratio(1.30, 0.01, 3)},
         2: {2: Ratio(1.25, 0.01, 3), 4: Ratio(1.10, 0.01, 3)},
@@ -335,8 +336,14 @@ def test_a_one_k_method_speculates_at_one_k_or_not_at_all() -> None:
     free, _ = build_schedule(by_level, z=2.0)
     assert free == {1: 4, 2: 2, 4: 2, 8: 0}
     k_at, ranges = build_schedule(by_level, z=2.0, one_k=True)
-    assert k_at == {1: 2, 2: 2, 4: 2, 8: 0}  # 1.20 x 1.25 x 1.05 beats 1.30 x 1.10
-    assert {k for _, _, k in ranges} == {0, 2}
+    assert k_at == {1: 2, 2: 2, 4: 2, 8: 2} and ranges == [(1, MAX_BATCH, 2)]
     vllm_accepts(ranges)
+    losing = {1: Ratio(1.2, 0.01, 3), 2: Ratio(1.1, 0.01, 3), 4: Ratio(1.0, 0.01, 3)}
+    losing[8] = Ratio(0.95, 0.01, 3)
+    off = guard(k_at, losing, 2.0, one_k=True)
+    assert off.ranges is None and off.reason and "concurrency 8" in off.reason
+    within = dict(losing) | {8: Ratio(0.99, 0.01, 3)}
+    kept = guard(k_at, within, 2.0, one_k=True)
+    assert kept.ranges == [(1, MAX_BATCH, 2)] and kept.dropped == ()
     nothing = {1: {4: Ratio(0.99, 0.01, 3)}}
     assert build_schedule(nothing, z=2.0, one_k=True)[0] == {1: 0}

@@ -50,6 +50,7 @@ from spectune.engines.vllm.tune_schedule import (
     build_schedule,
     fit_costs,
     guard,
+    one_k_ranges,
     ratio,
     schedule_ranges,
 )
@@ -396,6 +397,10 @@ def _screen(
     return out
 
 
+def _one_k(candidate: Candidate) -> bool:
+    return candidate.config is not None and candidate.config["method"] in ONE_K_METHODS
+
+
 def _pick(
     plan: TunePlan, screen: Mapping[str, Mapping[int, Batch]]
 ) -> tuple[Candidate | None, dict[int, int]]:
@@ -417,8 +422,7 @@ def _pick(
             level: {c.k: Ratio(screened(c, level), None, 1) for c in members}
             for level in plan.levels
         }
-        one_k = any(c.config is not None and c.config["method"] in ONE_K_METHODS for c in members)
-        k_at, _ = build_schedule(by_level, z=0.0, one_k=one_k)
+        k_at, _ = build_schedule(by_level, z=0.0, one_k=_one_k(members[0]))
         choices[family] = k_at
         gains = [max(1.0, by_level[level][k].mean) if k else 1.0 for level, k in k_at.items()]
         score = math.exp(statistics.fmean(math.log(g) for g in gains))
@@ -500,7 +504,9 @@ def tune_vllm(
     configs: dict[str, Mapping[str, Any] | None] = {"off": None}
     schedule_config: dict[str, Any] | None = None
     if member is not None:
-        schedule_config = member.scheduled(schedule_ranges(screen_k))
+        max_k = max(screen_k.values())
+        ranges = one_k_ranges(max_k) if _one_k(member) else schedule_ranges(screen_k)
+        schedule_config = member.scheduled(ranges)
         configs[SCHEDULE] = schedule_config
     for c in plan.candidates:
         if c.builtin:
@@ -519,7 +525,7 @@ def tune_vllm(
     )
     if member is not None:
         confirmed = {level: result.confirm_ratio(SCHEDULE, level) for level in plan.levels}
-        result.guarded = guard(screen_k, confirmed, plan.noise_z)
+        result.guarded = guard(screen_k, confirmed, plan.noise_z, one_k=_one_k(member))
         if result.guarded.ranges is not None:
             result.speculative_config = member.scheduled(result.guarded.ranges)
     result.seconds = time.perf_counter() - started
@@ -527,9 +533,13 @@ def tune_vllm(
 
 
 def check_config(plan: TunePlan, config: Mapping[str, Any]) -> str:
-    """Start vLLM with ``config`` and answer one request of the confirmation: proof that
-    vLLM accepts what is written (run where the guard changed the confirmed schedule).
-    Returns the answer."""
-    with _server(plan, "check", config) as url:
-        prompt = plan.confirm_cells[0][plan.levels[0]][0]
-        return _request(url, str(plan.target), prompt, plan)[1]
+    """Start vLLM with ``config`` and answer a batch one request larger than the largest
+    level, one request alone first: proof that vLLM accepts what is written and decodes
+    in its first and last ranges (run where the guard changed the confirmed schedule).
+    Returns the lone request's answer."""
+    prompts = [p for cells in plan.confirm_cells for level in plan.levels for p in cells[level]]
+    wide = max(plan.levels) + 1
+    with _server(plan, "check", config) as url, _answering(plan, "check"):
+        answer = _request(url, str(plan.target), prompts[0], plan)[1]
+        run_batch(url, str(plan.target), (prompts * wide)[:wide], wide, plan)
+        return answer

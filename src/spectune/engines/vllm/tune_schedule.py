@@ -42,6 +42,7 @@ __all__ = [
     "build_schedule",
     "fit_costs",
     "guard",
+    "one_k_ranges",
     "pick_k",
     "ratio",
     "schedule_ranges",
@@ -124,24 +125,28 @@ def build_schedule(
     """``by_level[c][K]``: one family's ratio at level c with K. The K per level
     (``pick_k``) and vLLM's ranges for it.
 
-    ``one_k``: the method drafts at its ``num_speculative_tokens`` or not at all (vLLM
-    0.32's ``suffix`` proposer asserts that a range's K equals it), so every level that
-    speculates gets the same K: the one whose levels, each at that K where it beats off
-    beyond the noise and 0 elsewhere, gain most (geometric mean over the levels)."""
+    ``one_k``: the method takes no batch-size schedule (``ONE_K_METHODS``: vLLM 0.32's
+    suffix proposer asserts that every step's K equals ``num_speculative_tokens``, so a
+    range of another K, 0 included, kills the engine once a batch falls in it). Every
+    level then gets the one K whose ratios, over all levels, have the highest geometric
+    mean, if that mean beats off; else 0 everywhere."""
     if not one_k:
         k_at = {level: pick_k(ratios, z) for level, ratios in by_level.items()}
         return k_at, schedule_ranges(k_at)
-    best: tuple[float, int, dict[int, int]] = (1.0, 0, {level: 0 for level in by_level})
+    best: tuple[float, int] = (1.0, 0)
     for k in sorted({k for ratios in by_level.values() for k in ratios if k > 0}):
-        k_at = {
-            level: k if k in ratios and beats_off(ratios[k], z) else 0
-            for level, ratios in by_level.items()
-        }
-        gains = [by_level[level][k].mean if used else 1.0 for level, used in k_at.items()]
-        score = math.exp(sum(math.log(g) for g in gains) / len(gains))
+        if not all(k in ratios for ratios in by_level.values()):
+            continue
+        score = math.exp(statistics.fmean(math.log(r[k].mean) for r in by_level.values()))
         if score > best[0]:
-            best = (score, k, k_at)
-    return best[2], schedule_ranges(best[2])
+            best = (score, k)
+    k_at = {level: best[1] for level in by_level}
+    return k_at, one_k_ranges(best[1])
+
+
+def one_k_ranges(k: int) -> list[Range]:
+    """One K at every batch size (a method without schedules, written as one range)."""
+    return [(1, MAX_BATCH, k)]
 
 
 @dataclass(frozen=True)
@@ -154,11 +159,28 @@ class Guarded:
     reason: str | None  # why speculation stays off, when it does
 
 
-def guard(k_at: Mapping[int, int], confirmed: Mapping[int, Ratio], z: float) -> Guarded:
+def guard(
+    k_at: Mapping[int, int], confirmed: Mapping[int, Ratio], z: float, *, one_k: bool = False
+) -> Guarded:
     """The schedule to recommend, from the one confirmed (``k_at``, run as a schedule) and
     its ratio to off at each level: a level keeps its K only where the schedule beat off
     beyond the noise there; where it drafted nothing and still lost to off beyond the
-    noise, the speculative path itself costs, and speculation stays off."""
+    noise, the speculative path itself costs, and speculation stays off. A ``one_k``
+    method cannot drop a level: it stays on only where it lost to off beyond the noise at
+    no level and beat it beyond the noise at one at least."""
+    if one_k:
+        k = max(k_at.values(), default=0)
+        losing = [level for level, r in sorted(confirmed.items()) if slower_than_off(r, z)]
+        if k and losing:
+            r = confirmed[losing[0]]
+            reason = (
+                f"at concurrency {losing[0]} it measured {r.text()} of off, and this method "
+                "drafts at one K at every batch size (vLLM takes no schedule for it)"
+            )
+            return Guarded({c: 0 for c in k_at}, None, (), reason)
+        if not k or not any(beats_off(r, z) for r in confirmed.values()):
+            return Guarded({c: 0 for c in k_at}, None, (), "no level gained beyond the noise")
+        return Guarded(dict(k_at), one_k_ranges(k), (), None)
     final = dict(k_at)
     dropped = []
     for level, k in sorted(k_at.items()):
