@@ -35,7 +35,7 @@ from spectune.control.config import PolicySpec
 from spectune.errors import InvalidParameterError
 from spectune.models.facts import model_facts
 from spectune.server.names import DEFAULT_DRAFT_DEADLINE, ENGINES, HISTORY_SCOPES
-from spectune.server.run import DRAIN_SECONDS
+from spectune.server.run import DRAIN_SECONDS, LISTEN_BACKLOG
 
 if TYPE_CHECKING:
     from spectune.sampling import SamplingParams
@@ -323,6 +323,9 @@ def _serve(
     if drafters is not None and drafters.scope == "global":
         print_warning(GLOBAL_HISTORY_WARNING)
     print_notes(notes)
+    # Listening before the line below: a client that reads it and connects at once waits
+    # in the backlog until uvicorn accepts, instead of being refused.
+    sock.listen(LISTEN_BACKLOG)
     print(
         f"spectune: {startup_line(drafter, spec)}; engine {args.engine}, {args.batch_line}",
         file=sys.stderr,

@@ -14,11 +14,12 @@ from spectune.errors import InvalidParameterError
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["DRAIN_SECONDS", "check_drain_seconds", "listen", "serve_on"]
+__all__ = ["DRAIN_SECONDS", "LISTEN_BACKLOG", "check_drain_seconds", "listen", "serve_on"]
 
 # Kubernetes sends SIGKILL 30 s after SIGTERM unless told otherwise: 25 s of drain leaves
 # time to answer what is left with an error and exit before that.
 DRAIN_SECONDS = 25.0
+LISTEN_BACKLOG = 2048  # uvicorn's default backlog
 
 
 def listen(host: str, port: int) -> socket.socket:
