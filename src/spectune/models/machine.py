@@ -65,15 +65,19 @@ def load_average() -> float | None:
 @dataclass(frozen=True)
 class CoreSample:
     """CPU time counters at one instant, in seconds: the machine's busy time on this
-    process's CPUs, the CPU time of this process and its descendants, and the wall clock."""
+    process's CPUs, this process's own CPU time (with ``read(descendants=True)``, its
+    descendants' too), and the wall clock."""
 
     busy: float
     own: float
     wall: float
 
     @staticmethod
-    def read(stat: Path = Path("/proc/stat")) -> CoreSample | None:
-        """The counters now, or None where ``/proc/stat`` cannot be read (not Linux)."""
+    def read(stat: Path = Path("/proc/stat"), *, descendants: bool = False) -> CoreSample | None:
+        """The counters now, or None where ``/proc/stat`` cannot be read (not Linux).
+        ``descendants``: the processes this one started count as its own time (a
+        measurement's servers are its own work; for the thread count, which runs between
+        decoding steps, they take cores like anyone else's)."""
         try:
             lines = stat.read_text(encoding="ascii").splitlines()
         except OSError:
@@ -94,8 +98,10 @@ class CoreSample:
             busy += sum(counts) - counts[3] - counts[4]
         tick = os.sysconf("SC_CLK_TCK")
         own = os.times()
-        ours = own.user + own.system + own.children_user + own.children_system
-        return CoreSample(busy / tick, ours + _descendants_ticks() / tick, time.monotonic())
+        ours = own.user + own.system
+        if descendants:
+            ours += own.children_user + own.children_system + _descendants_ticks() / tick
+        return CoreSample(busy / tick, ours, time.monotonic())
 
 
 def _descendants_ticks(proc: Path = Path("/proc")) -> int:
@@ -185,11 +191,11 @@ class LoadMeter:
 
     def __init__(self) -> None:
         self.load_before = load_average()
-        self.first = CoreSample.read()
+        self.first = CoreSample.read(descendants=True)
         self.started = time.monotonic()
 
     def stop(self) -> LoadRecord:
-        last = CoreSample.read()
+        last = CoreSample.read(descendants=True)
         others = None if self.first is None or last is None else others_cores(self.first, last)
         return LoadRecord(
             usable_cores(),
