@@ -309,7 +309,8 @@ def test_eagle_head_flag_wants_a_speculators_folder(
 
 
 def test_decode_seconds_are_the_histograms_sum_over_its_label_sets() -> None:
-    from spectune.engines.vllm.tune import _histogram_sum
+    from spectune.engines.vllm.tune import decode_seconds
+    from spectune.monitor.remote import Exposition
 
     exposition = """# HELP vllm:request_decode_time_seconds Histogram of time spent in DECODE phase.
 # TYPE vllm:request_decode_time_seconds histogram
@@ -319,8 +320,8 @@ vllm:request_decode_time_seconds_count{model_name="a"} 2.0
 vllm:request_decode_time_seconds_sum{model_name="a"} 3.5
 vllm:request_decode_time_seconds_sum{model_name="b"} 0.25
 """
-    assert _histogram_sum(exposition, "vllm:request_decode_time_seconds") == 3.75
-    assert _histogram_sum(exposition, "vllm:request_prefill_time_seconds") == 0.0
+    assert decode_seconds(Exposition.parse(exposition)) == 3.75
+    assert decode_seconds(Exposition.parse("vllm:num_requests_running 1\n")) == 0.0
 
 
 def test_a_one_k_method_speculates_at_one_k_or_not_at_all() -> None:

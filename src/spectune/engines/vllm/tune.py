@@ -39,8 +39,8 @@ from typing import Any
 import httpx
 
 from spectune.engines.costs import StepCosts
-from spectune.engines.metrics import read_exposition
 from spectune.engines.process import EngineStartError
+from spectune.engines.vllm.metrics import read_vllm
 from spectune.engines.vllm.server import VllmSettings, vllm_server
 from spectune.engines.vllm.tune_grid import ONE_K_METHODS, Candidate
 from spectune.engines.vllm.tune_schedule import (
@@ -54,6 +54,7 @@ from spectune.engines.vllm.tune_schedule import (
     ratio,
     schedule_ranges,
 )
+from spectune.monitor.remote import Exposition
 from spectune.prompts import EvalPrompt
 
 __all__ = [
@@ -148,26 +149,20 @@ def allot(
 def _counters(url: str) -> tuple[int, int, int, float]:
     """vLLM's (drafts, draft tokens, accepted) so far, zeros without speculation, and its
     requests' decode seconds so far (0 where it exports none)."""
-    text = httpx.get(url + "/metrics", timeout=30).text
-    decode = _histogram_sum(text, "vllm:request_decode_time_seconds")
-    if "vllm:spec_decode_num_draft_tokens" not in text:
+    ex = Exposition.parse(httpx.get(url + "/metrics", timeout=30).text)
+    decode = decode_seconds(ex)
+    if not any(name.startswith("vllm:spec_decode_num_draft_tokens") for name in ex.names()):
         return 0, 0, 0, decode
-    counts = read_exposition(text, "vllm").counts
+    counts = read_vllm(ex).counts
     if counts is None:
         return 0, 0, 0, decode
     return counts.steps, counts.num_draft_tokens, counts.accepted, decode
 
 
-def _histogram_sum(text: str, name: str) -> float:
-    """The ``_sum`` of histogram ``name`` over all its label sets (0.0 where absent)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name + "_sum"
-    )
+def decode_seconds(ex: Exposition) -> float:
+    """vLLM's ``request_decode_time_seconds`` histogram's sum over its label sets: its
+    requests' time from first token to last (0.0 where it exports none)."""
+    return ex.total("vllm:request_decode_time_seconds_sum") or 0.0
 
 
 def _request(url: str, model: str, prompt: EvalPrompt, plan: TunePlan) -> tuple[int, str]:
